@@ -1,0 +1,42 @@
+"""attn_lib:注意力机制可执行章节的配套库。
+
+Layout everywhere: (B, H, L, D) as in ``torch.nn.functional.scaled_dot_product_attention``
+(B batch, H heads, L queries, S keys, D head dim). One module per concept; every fast path
+is tested against ``attn_lib.reference.attention`` with the tolerances in
+``attn_lib.tolerances``. Importing attn_lib never touches CUDA.
+"""
+from .device import cuda_available, default_device, try_gpu
+from .lookup import hard_lookup, soft_lookup
+from .masks import causal_mask
+from .reference import attention
+from .similarity import dot, dot_all, dot_query_keys, euclidean_distance
+from .softmax import naive_softmax, softmax
+from .tolerances import TOLERANCES, assert_close, tolerance
+from . import numpy_ref, worked_example
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "softmax",
+    "naive_softmax",
+    "causal_mask",
+    "dot",
+    "dot_query_keys",
+    "dot_all",
+    "euclidean_distance",
+    "hard_lookup",
+    "soft_lookup",
+    "cuda_available",
+    "default_device",
+    "try_gpu",
+    "TOLERANCES",
+    "tolerance",
+    "assert_close",
+    "numpy_ref",
+    "worked_example",
+]
+
+# --- issue 3 (masks, self-attention, multi-head) adds its exports below this line ---
+
+# --- issue 4 (FlashAttention) adds its exports below this line ---

@@ -1,0 +1,119 @@
+"""输入检查:每条报错都说清是哪个参数、期望什么、实际拿到什么、怎么改。
+
+Shared by every attention path (numpy, torch reference, multi-head, tiled, Triton), so the
+same bad input gets the same message whichever path a reader calls. Works on anything with
+``.shape`` and ``.ndim`` (torch tensors and numpy arrays); dtype checks are passed in by
+the caller because numpy and torch spell dtypes differently.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+
+def _shape(x: Any) -> tuple:
+    return tuple(int(s) for s in x.shape)
+
+
+def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
+    """Raise ValueError unless ``x`` has exactly ``rank`` dimensions."""
+    if x.ndim != rank:
+        hint = ""
+        if rank == 4 and x.ndim == 2:
+            hint = f" For one sequence of one head, add the batch and head axes: {name}[None, None]."
+        elif rank == 4 and x.ndim == 3:
+            hint = f" For a single head, add the head axis: {name}.unsqueeze(1)."
+        raise ValueError(
+            f"{name} must be {rank}-D {layout}, got {x.ndim}-D with shape {_shape(x)}.{hint}"
+        )
+
+
+def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
+    """检查 q (B,H,L,D)、k (B,H,S,D)、v (B,H,S,Dv) 的形状是否相容,返回 (B, H, L, S, D, Dv)。"""
+    check_rank("q", q, 4, "(B, H, L, D)")
+    check_rank("k", k, 4, "(B, H, S, D)")
+    check_rank("v", v, 4, "(B, H, S, Dv)")
+    B, H, L, D = _shape(q)
+    Bk, Hk, S, Dk = _shape(k)
+    Bv, Hv, Sv, Dv = _shape(v)
+    if (Bk, Hk) != (B, H) or (Bv, Hv) != (B, H):
+        raise ValueError(
+            "q, k and v must share batch and head sizes (B, H): "
+            f"q has {(B, H)}, k has {(Bk, Hk)}, v has {(Bv, Hv)}."
+        )
+    if Dk != D:
+        raise ValueError(
+            f"q and k must have the same head dim D (last axis): q has D={D}, k has D={Dk}. "
+            "Every query is compared with every key by a dot product, so their lengths must match."
+        )
+    if Sv != S:
+        raise ValueError(
+            f"k and v must have the same number of keys S (axis 2): k has S={S}, v has S={Sv}. "
+            "Each key needs exactly one value."
+        )
+    if D == 0:
+        raise ValueError("q and k have head dim D=0; attention needs D >= 1.")
+    return B, H, L, S, D, Dv
+
+
+def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:
+    """Raise TypeError unless every dtype is the same."""
+    if len(set(map(str, dtypes))) > 1:
+        found = ", ".join(f"{n}={d}" for n, d in zip(names, dtypes))
+        raise TypeError(
+            f"{', '.join(names)} must have the same dtype, got {found}. "
+            f"Cast them first, e.g. k = k.to({names[0]}.dtype)."
+        )
+
+
+def check_mask_shape(mask: Any, target: tuple) -> None:
+    """Raise ValueError unless ``mask`` broadcasts to ``target`` = (B, H, L, S) without growing it."""
+    shape = _shape(mask)
+    if len(shape) > len(target):
+        raise ValueError(
+            f"mask has shape {shape} ({len(shape)}-D), more axes than the scores (B, H, L, S) = {target}."
+        )
+    padded = (1,) * (len(target) - len(shape)) + shape
+    for m, t in zip(padded, target):
+        if m != t and m != 1:
+            raise ValueError(
+                f"mask has shape {shape}, which does not broadcast to the scores' shape "
+                f"(B, H, L, S) = {target}. Each mask axis must equal the scores' axis or be 1; "
+                "e.g. (L, S), (B, 1, 1, S) for key padding, or (B, H, L, S)."
+            )
+
+
+def check_scale(scale: Any) -> float | None:
+    """Return ``scale`` as a float, or None; raise ValueError unless it is finite and > 0."""
+    if scale is None:
+        return None
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        raise TypeError(f"scale must be a positive number or None, got {scale!r}.") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"scale must be finite and > 0, got {value}. Leave it as None for the usual 1/sqrt(D)."
+        )
+    return value
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Raise ValueError unless ``value`` is an int >= 1 (block sizes, head counts, lengths)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return value
+
+
+def check_divisible(d_model: int, num_heads: int) -> int:
+    """检查隐藏层维度能否被头数整除,返回每个头的维度 D = d_model // num_heads。"""
+    check_positive_int("d_model", d_model)
+    check_positive_int("num_heads", num_heads)
+    if d_model % num_heads:
+        lo = d_model - d_model % num_heads
+        raise ValueError(
+            f"d_model={d_model} is not divisible by num_heads={num_heads}: the hidden size must be "
+            f"split into {num_heads} equal heads. Choose d_model as a multiple of {num_heads} "
+            f"(e.g. {lo or num_heads} or {lo + num_heads}) or a num_heads that divides {d_model}."
+        )
+    return d_model // num_heads

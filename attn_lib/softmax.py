@@ -1,0 +1,85 @@
+"""Softmax:把一串分数压成一组都不小于 0、加起来等于 1 的比例(torch 版)。
+
+Two versions:
+
+- ``naive_softmax``: ``exp(x) / sum(exp(x))`` exactly as written on paper. ``exp(1000)``
+  overflows to ``inf`` and the result becomes ``nan``.
+- ``softmax``: subtract each row's maximum first. The result is mathematically identical
+  (the factor ``exp(-max)`` cancels) but no exponent exceeds ``exp(0) = 1``.
+
+Conventions of the stable version (the whole library follows them):
+
+- ``-inf`` entries get proportion exactly 0 (that is how masks work);
+- a row whose every entry is ``-inf`` (a query that may see no key) returns all zeros, not
+  ``nan``; the attention output of such a row is then the zero vector, the same as
+  ``torch.nn.functional.scaled_dot_product_attention``;
+- ``nan`` or ``+inf`` in the input raises ``ValueError`` (there is no meaningful proportion);
+- float16 / bfloat16 inputs are computed in float32 and returned in their own dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _check_float_tensor(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}; for numpy use attn_lib.numpy_ref")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}; convert with {name}.float()")
+
+
+def check_scores_finite(x: torch.Tensor, name: str = "x") -> None:
+    """分数里允许 -inf(表示被盖住),不允许 nan 和 +inf;违反时报 ValueError。"""
+    if x.numel() and (torch.isnan(x).any() or torch.isposinf(x).any()):
+        n_nan = int(torch.isnan(x).sum())
+        n_inf = int(torch.isposinf(x).sum())
+        raise ValueError(
+            f"{name} contains {n_nan} nan and {n_inf} +inf entries; softmax of such a row is undefined. "
+            "Only -inf is allowed (it means 'masked')."
+        )
+
+
+def _normalize_dim(x: torch.Tensor, dim: int) -> int:
+    if not -x.ndim <= dim < max(x.ndim, 1):
+        raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D tensor")
+    return dim % max(x.ndim, 1)
+
+
+def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出成 nan(教学用)。
+
+    Args:
+        x: float tensor of any shape.
+        dim: the axis that becomes proportions.
+
+    Returns:
+        Tensor of ``x``'s shape.
+    """
+    _check_float_tensor("x", x)
+    e = torch.exp(x)  # (...) -> (...)
+    return e / e.sum(dim, keepdim=True)  # (...) / (..., 1, ...) -> (...)
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """数值稳定的 softmax:先减去每行最大值再取指数;全是 -inf 的行返回全 0。
+
+    Args:
+        x: float tensor of any shape; ``-inf`` allowed, ``nan`` / ``+inf`` rejected.
+        dim: the axis that becomes proportions (default: last).
+
+    Returns:
+        Tensor of ``x``'s shape and dtype; along ``dim`` the entries are >= 0 and sum to 1,
+        or are all 0 where every input was ``-inf``.
+    """
+    _check_float_tensor("x", x)
+    dim = _normalize_dim(x, dim)
+    check_scores_finite(x)
+    if x.ndim == 0 or x.shape[dim] == 0:
+        return torch.ones_like(x) if x.ndim == 0 else x.clone()
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    m = work.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: shift by 0
+    e = torch.exp(work - m)  # -inf -> 0, the row's max -> 1
+    s = e.sum(dim, keepdim=True)  # (...,S,...) -> (...,1,...)
+    out = e / torch.where(s > 0, s, torch.ones_like(s))  # all -inf rows: 0 / 1 = 0
+    return out.to(x.dtype)

@@ -1,0 +1,105 @@
+"""全书唯一一处容差表:每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
+
+Every test and every notebook that compares a path (numpy, tiled CPU, fused multi-head,
+Triton) with the float64 reference takes its tolerance from here, so a reader can see in
+one place how close "equal" is for each precision.
+
+- ``TOLERANCES[dtype]``: elementwise ``|a - b| <= atol + rtol * |b|`` against the float64
+  reference, for inputs of unit scale (randn).
+- ``FLASH_ERROR_RATIO``: the rule flash-attn's tests use for low precision: the fast path's
+  max error against the float64 reference may be at most this many times the max error of a
+  naive path computed in the same low precision (plus ``FLASH_ERROR_FLOOR`` for ties at 0).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# dtype name -> (rtol, atol). Keys are strings so numpy and torch dtypes share one table.
+TOLERANCES: dict[str, dict[str, float]] = {
+    "float64": {"rtol": 1e-10, "atol": 1e-12},
+    "float32": {"rtol": 1e-5, "atol": 2e-6},
+    "float16": {"rtol": 5e-3, "atol": 5e-3},
+    "bfloat16": {"rtol": 4e-2, "atol": 4e-2},
+}
+
+FLASH_ERROR_RATIO = 2.0
+FLASH_ERROR_FLOOR = 1e-5
+
+
+def dtype_name(dtype: Any) -> str:
+    """把 torch / numpy 的 dtype 统一成 'float32' 这样的名字。"""
+    name = str(dtype)
+    return name.replace("torch.", "")
+
+
+def tolerance(dtype: Any) -> dict[str, float]:
+    """取某个精度的容差,返回 {'rtol': ..., 'atol': ...}。
+
+    Args:
+        dtype: a torch or numpy floating dtype (or its name, e.g. ``"float16"``).
+    """
+    name = dtype_name(dtype)
+    if name not in TOLERANCES:
+        raise KeyError(f"no tolerance for dtype {name}; known: {sorted(TOLERANCES)}")
+    return dict(TOLERANCES[name])
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu()
+        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+            x = x.float()
+        return x.double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def max_abs_error(actual: Any, expected: Any) -> float:
+    """两个数组(torch 或 numpy)之间的最大绝对误差,按 float64 计算。"""
+    a, e = _to_numpy(actual), _to_numpy(expected)
+    if a.shape != e.shape:
+        raise ValueError(f"shapes differ: actual {a.shape} vs expected {e.shape}")
+    return float(np.max(np.abs(a - e))) if a.size else 0.0
+
+
+def assert_close(actual: Any, expected: Any, *, dtype: Any = None, what: str = "output") -> None:
+    """断言 actual 与 expected 在 ``dtype`` 精度的容差内一致,不一致时报出最大误差和位置。
+
+    Args:
+        actual: the fast path's result (torch tensor or numpy array).
+        expected: the reference result, usually computed in float64.
+        dtype: the precision the fast path ran in; defaults to ``actual``'s dtype.
+        what: a name for the message.
+    """
+    tol = tolerance(dtype if dtype is not None else actual.dtype)
+    a, e = _to_numpy(actual), _to_numpy(expected)
+    if a.shape != e.shape:
+        raise AssertionError(f"{what}: shapes differ, actual {a.shape} vs expected {e.shape}")
+    bad = ~np.isclose(a, e, rtol=tol["rtol"], atol=tol["atol"], equal_nan=False)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        err = float(np.max(np.abs(a - e)))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {a.size} elements differ beyond rtol={tol['rtol']}, "
+            f"atol={tol['atol']}; max abs error {err:.3e}; first at {idx}: "
+            f"actual {a[idx]!r} vs expected {e[idx]!r}"
+        )
+
+
+def assert_flash_rule(fast: Any, naive_same_precision: Any, reference: Any, *, what: str = "output") -> None:
+    """flash-attn 的规则:快速路径的误差不超过同精度朴素实现误差的 FLASH_ERROR_RATIO 倍。
+
+    Args:
+        fast: the fast path's output in low precision.
+        naive_same_precision: a naive attention computed in the same low precision.
+        reference: the float64 reference output.
+    """
+    fast_err = max_abs_error(fast, reference)
+    naive_err = max_abs_error(naive_same_precision, reference)
+    bound = FLASH_ERROR_RATIO * naive_err + FLASH_ERROR_FLOOR
+    if not fast_err <= bound:
+        raise AssertionError(
+            f"{what}: fast-path error {fast_err:.3e} exceeds {FLASH_ERROR_RATIO} x naive error "
+            f"{naive_err:.3e} (+{FLASH_ERROR_FLOOR:g})"
+        )

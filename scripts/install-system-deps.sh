@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# System packages the tests need: Debian's Chromium (browser tests) and Noto CJK fonts
+# (Chinese in figures and in the browser). Installs only what is missing.
+set -euo pipefail
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fc-list 2>/dev/null | grep -q "Noto Sans CJK" || need+=(fonts-noto-cjk)
+if [ ${#need[@]} -eq 0 ]; then
+  echo "system packages: chromium and fonts-noto-cjk already present"
+  exit 0
+fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "missing system packages: ${need[*]}. Install them with your package manager (Debian: apt-get install ${need[*]})." >&2
+  exit 1
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "installing system packages: ${need[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" fontconfig >/dev/null
+fc-cache -f >/dev/null 2>&1 || true
