@@ -1,0 +1,29 @@
+"""Every chapter's exercises: the reference answer passes, a wrong answer fails."""
+import pytest
+
+from attn_lib.exercises import all_exercises, check
+
+EXERCISES = all_exercises()
+
+
+def test_every_chapter_has_exercises():
+    import glob, os
+
+    chapters = sorted(os.path.basename(p)[:2] for p in glob.glob("chapters/[0-9][0-9]_*.ipynb"))
+    have = {ex_id.split("-")[0] for ex_id in EXERCISES}
+    missing = [c for c in chapters if c not in have]
+    assert not missing, f"chapters without registered exercises: {missing}"
+
+
+@pytest.mark.parametrize("ex_id", sorted(EXERCISES))
+def test_reference_answer_passes_and_wrong_fails(ex_id, capsys):
+    ex = EXERCISES[ex_id]
+    assert ex.is_correct(ex.answer)
+    assert ex.wrong_example is not None, f"{ex_id} needs a wrong_example"
+    assert not ex.is_correct(ex.wrong_example)
+    assert not ex.is_correct(None)
+    check(ex_id, ex.answer)
+    check(ex_id, ex.wrong_example)
+    check(ex_id, None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("正确!") and "提示" in out[1] and "还没有作答" in out[2]
