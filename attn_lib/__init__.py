@@ -38,5 +38,20 @@ __all__ = [
 ]
 
 # --- issue 3 (masks, self-attention, multi-head) adds its exports below this line ---
+from .masks import additive_to_bool, bool_to_additive, padding_mask
+from .multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
+from .self_attention import SelfAttention
+
+__all__ += [
+    "padding_mask",
+    "bool_to_additive",
+    "additive_to_bool",
+    "SelfAttention",
+    "MultiHeadAttention",
+    "LoopedMultiHeadAttention",
+    "split_heads",
+    "merge_heads",
+    "count_parameters",
+]
 
 # --- issue 4 (FlashAttention) adds its exports below this line ---

@@ -23,6 +23,8 @@ def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
             hint = f" For one sequence of one head, add the batch and head axes: {name}[None, None]."
         elif rank == 4 and x.ndim == 3:
             hint = f" For a single head, add the head axis: {name}.unsqueeze(1)."
+        elif rank == 3 and x.ndim == 2:
+            hint = f" For one sequence, add the batch axis: {name}.unsqueeze(0)."
         raise ValueError(
             f"{name} must be {rank}-D {layout}, got {x.ndim}-D with shape {_shape(x)}.{hint}"
         )
@@ -87,6 +89,8 @@ def check_scale(scale: Any) -> float | None:
     """Return ``scale`` as a float, or None; raise ValueError unless it is finite and > 0."""
     if scale is None:
         return None
+    if isinstance(scale, bool):
+        raise TypeError(f"scale must be a positive number or None, got {scale!r}.")
     try:
         value = float(scale)
     except (TypeError, ValueError):
@@ -103,6 +107,15 @@ def check_positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return value
+
+
+def check_last_dim(name: str, x: Any, expected: int, what: str) -> None:
+    """Raise ValueError unless the last axis of ``x`` has size ``expected`` (e.g. d_model)."""
+    if x.shape[-1] != expected:
+        raise ValueError(
+            f"{name} has last dimension {int(x.shape[-1])} (shape {_shape(x)}), "
+            f"but {what} is {expected}."
+        )
 
 
 def check_divisible(d_model: int, num_heads: int) -> int:

@@ -1,4 +1,19 @@
-"""掩码:决定每个查询可以看哪些键。布尔掩码 True = 可以看(与 torch 一致)。"""
+"""掩码:决定每个查询可以看哪些键。布尔掩码 True = 可以看(与 torch 一致)。
+
+Two forms of the same information, both accepted by ``attn_lib.attention``:
+
+- **boolean** (``torch.bool``): ``True`` = this query may attend to this key. The same
+  convention as ``torch.nn.functional.scaled_dot_product_attention(attn_mask=...)``.
+  (Careful: ``torch.nn.MultiheadAttention``'s ``attn_mask`` / ``key_padding_mask`` use the
+  opposite convention, ``True`` = hidden; pass ``~mask`` there.)
+- **additive** (float): ``0`` where a key is visible and ``-inf`` where it is hidden; it is
+  *added* to the scaled scores before the softmax, and ``exp(-inf) = 0`` removes the key.
+  This turns "skip this key" (a branch) into one vectorised addition.
+
+``bool_to_additive`` and ``additive_to_bool`` convert between the two. Shapes broadcast to
+the scores' (B, H, L, S): ``(L, S)`` for one pattern shared by the whole batch (causal),
+``(B, 1, 1, S)`` for key padding, ``(B, H, L, S)`` for anything else.
+"""
 from __future__ import annotations
 
 import torch
@@ -24,6 +39,10 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
         q 0  [ T . . . ]
         q 1  [ T T . . ]
 
+    (When the L queries are the *last* L of S positions, as in generation with a cache of
+    earlier keys, the right mask is the bottom rows of the square one:
+    ``causal_mask(S)[-L:]``.)
+
     Args:
         L: number of queries.
         S: number of keys (default: ``L``).
@@ -40,4 +59,95 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
     return torch.ones(L, S, dtype=torch.bool, device=device).tril()  # (L,S) lower triangle incl. diagonal
 
 
-__all__ = ["causal_mask", "check_positive_int"]
+def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
+    """键的填充掩码:第 b 句只有前 lengths[b] 个键是真的字,其余是填充。返回布尔 (B, 1, 1, S)。
+
+    A batch holds sentences of different lengths padded to a common length S; the padding
+    positions must not receive attention. With lengths = [3, 1] and S = 4 (one row per
+    sentence, before the two broadcast axes)::
+
+        key:     0 1 2 3
+        b 0    [ T T T . ]
+        b 1    [ T . . . ]
+
+    The result has shape (B, 1, 1, S), so it broadcasts over heads and queries against the
+    scores (B, H, L, S), and can be combined with a causal mask (``&``, or ``is_causal``).
+
+    Args:
+        lengths: sequence of B ints (or a 1-D integer tensor), each in 0..S.
+        S: padded length (default: ``max(lengths)``).
+        device: torch device of the result.
+
+    Returns:
+        Bool tensor of shape (B, 1, 1, S); True = a real token (may be attended to).
+    """
+    if isinstance(lengths, torch.Tensor):
+        if lengths.ndim != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise ValueError(
+                f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype} "
+                f"and shape {tuple(lengths.shape)}"
+            )
+        values = [int(n) for n in lengths.tolist()]
+    else:
+        values = list(lengths)
+        for n in values:
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ValueError(f"lengths must contain ints, got {n!r} in {values!r}")
+    if not values:
+        raise ValueError("lengths is empty: need one length per sentence in the batch")
+    if min(values) < 0:
+        raise ValueError(f"lengths must be >= 0, got {values}")
+    S = max(values) if S is None else check_positive_int("S", S)
+    if max(values) > S:
+        raise ValueError(f"a length exceeds the padded length S={S}: lengths={values}")
+    n = torch.tensor(values, device=device)  # (B,)
+    keep = torch.arange(S, device=device)[None, :] < n[:, None]  # (1,S) < (B,1) -> (B,S)
+    return keep[:, None, None, :]  # (B,S) -> (B,1,1,S)
+
+
+def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """布尔掩码 → 加性掩码:可以看的位置填 0,盖住的位置填 -inf。
+
+    Args:
+        mask: bool tensor of any shape, True = may attend.
+        dtype: floating dtype of the result (use the scores' dtype).
+
+    Returns:
+        Float tensor of ``mask``'s shape: 0.0 where True, ``-inf`` where False.
+    """
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got {found}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype (it has to hold -inf), got {dtype}")
+    zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # same shape as mask
+    return zeros.masked_fill(~mask, float("-inf"))  # hidden -> -inf, visible -> 0
+
+
+def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
+    """加性掩码 → 布尔掩码:-inf 的位置是 False(盖住),0 的位置是 True(可以看)。
+
+    Only a pure 0 / ``-inf`` mask can be converted: a finite non-zero entry (a bias, e.g.
+    a position penalty) carries information a boolean mask cannot hold, so it is refused.
+
+    Args:
+        mask: float tensor of any shape with entries 0 or ``-inf``.
+
+    Returns:
+        Bool tensor of ``mask``'s shape: True where the entry is 0.
+    """
+    if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
+        found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a floating tensor of 0 and -inf, got {found}")
+    hidden = torch.isneginf(mask)  # same shape as mask
+    other = ~hidden & (mask != 0)
+    if other.any():
+        bad = mask[other][0].item()
+        raise ValueError(
+            f"mask has {int(other.sum())} entries that are neither 0 nor -inf (e.g. {bad}); "
+            "such a bias cannot be expressed as a bool mask, pass the float mask to attention as it is"
+        )
+    return ~hidden
+
+
+__all__ = ["causal_mask", "padding_mask", "bool_to_additive", "additive_to_bool", "check_positive_int"]

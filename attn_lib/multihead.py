@@ -1,0 +1,221 @@
+"""多头注意力:把隐藏层维度 C 切成 H 个头、每头 D = C / H,各算一遍注意力再拼回来。
+
+    qkv = x W_qkv            one (B, L, C) @ (C, 3C) matrix multiplication, then split
+    q, k, v -> (B, H, L, D)  split the last axis into H heads of D
+    out = attention(q, k, v) per head, all heads in one call
+    out -> (B, L, C) @ W_o   merge the heads, output projection
+
+``MultiHeadAttention`` is the fused version: ONE (3C, C) parameter for the three
+projections of all heads. ``LoopedMultiHeadAttention`` is the teaching version with H
+separate small projections per head and a Python loop over heads; the two compute the same
+thing ("矩阵内积再拼接等同于拼接矩阵再内积"), which tests/test_multihead.py asserts.
+Both have 4C² + 4C parameters (with bias) for every H, the same as a single head of width C.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._validate import check_divisible
+from .reference import attention
+from .self_attention import check_sequence_input
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """把 (B, L, C) 的最后一维切成 H 个头,返回 (B, H, L, D),D = C / H。
+
+    Args:
+        x: (B, L, C).
+        num_heads: H; must divide C.
+
+    Returns:
+        A (B, H, L, D) view-based tensor: head h holds channels ``h*D .. (h+1)*D - 1``.
+    """
+    B, L, C = x.shape
+    D = check_divisible(C, num_heads)
+    return x.view(B, L, num_heads, D).transpose(1, 2)  # (B,L,C) -> (B,L,H,D) -> (B,H,L,D)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """split_heads 的逆操作:(B, H, L, D) → (B, L, C),C = H·D,头按顺序首尾相接。
+
+    Args:
+        x: (B, H, L, D).
+
+    Returns:
+        (B, L, H*D).
+    """
+    B, H, L, D = x.shape
+    return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
+
+
+def _check_key_value(query, key, value) -> None:
+    B, L, _ = query.shape
+    if key.shape[0] != B or value.shape[0] != B:
+        raise ValueError(
+            f"query, key and value must have the same batch size B, got {query.shape[0]}, "
+            f"{key.shape[0]} and {value.shape[0]}"
+        )
+    if key.shape[1] != value.shape[1]:
+        raise ValueError(
+            f"key and value must have the same length S (axis 1): key has S={key.shape[1]}, "
+            f"value has S={value.shape[1]}. Each key needs exactly one value."
+        )
+
+
+class MultiHeadAttention(nn.Module):
+    """多头注意力(融合版):一个 (3C, C) 的 QKV 投影 + H 个头并行 + 输出投影。
+
+    Args:
+        d_model: hidden size C (隐藏层维度).
+        num_heads: H; must divide ``d_model`` (每个头的维度 D = C / H).
+        bias: give the QKV and output projections a bias.
+        is_causal: hide later keys from each query (top-left aligned, ``attn_lib.causal_mask``);
+            combined with any ``mask`` given to ``forward``.
+
+    Parameters: ``qkv`` (nn.Linear C → 3C, rows ordered [W_q; W_k; W_v] as in
+    ``torch.nn.MultiheadAttention.in_proj_weight``) and ``out_proj`` (nn.Linear C → C):
+    4C² + 4C numbers with bias, whatever H is. No dropout.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False):
+        super().__init__()
+        self.head_dim = check_divisible(d_model, num_heads)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.is_causal = bool(is_causal)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # (C) -> (3C) = [q | k | v]
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # (C) -> (C)
+
+    def _project(self, query, key, value):
+        """Q、K、V 投影:自注意力时一次矩阵乘法再切开;交叉注意力时用同一参数的三段分别乘。"""
+        C = self.d_model
+        if key is query and value is query:
+            return self.qkv(query).split(C, dim=-1)  # (B,L,C) -> (B,L,3C) -> 3 x (B,L,C)
+        w_q, w_k, w_v = self.qkv.weight.split(C, dim=0)  # (3C,C) -> 3 x (C,C)
+        b = self.qkv.bias
+        b_q, b_k, b_v = b.split(C) if b is not None else (None, None, None)  # (3C,) -> 3 x (C,)
+        q = F.linear(query, w_q, b_q)  # (B,L,C) -> (B,L,C)
+        if value is key:
+            w_kv = self.qkv.weight[C:]  # (2C,C): keys and values from one input, one matmul
+            b_kv = b[C:] if b is not None else None
+            k, v = F.linear(key, w_kv, b_kv).split(C, dim=-1)  # (B,S,C) -> (B,S,2C) -> 2 x (B,S,C)
+        else:
+            k = F.linear(key, w_k, b_k)  # (B,S,C) -> (B,S,C)
+            v = F.linear(value, w_v, b_v)  # (B,S,C) -> (B,S,C)
+        return q, k, v
+
+    def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
+        """多头注意力的前向计算。
+
+        Args:
+            query: (B, L, C).
+            key: (B, S, C); default ``query`` (self-attention).
+            value: (B, S, C); default ``key`` (so ``query`` when both are omitted).
+            mask: optional, broadcastable to the scores (B, H, L, S): bool (True = may
+                attend) or additive float (``-inf`` hides). E.g. (L, S) for one pattern for
+                the whole batch, or ``attn_lib.padding_mask(lengths)`` (B, 1, 1, S) for key
+                padding. Combined with ``is_causal``: a key is visible only if both allow it.
+            need_weights: also return every head's attention scores.
+
+        Returns:
+            output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        dtype = self.qkv.weight.dtype
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            check_sequence_input(name, t, self.d_model, dtype)
+        _check_key_value(query, key, value)
+        q, k, v = self._project(query, key, value)  # (B,L,C), (B,S,C), (B,S,C)
+        q = split_heads(q, self.num_heads)  # (B,L,C) -> (B,H,L,D)
+        k = split_heads(k, self.num_heads)  # (B,S,C) -> (B,H,S,D)
+        v = split_heads(v, self.num_heads)  # (B,S,C) -> (B,H,S,D)
+        out, scores = attention(q, k, v, mask=mask, is_causal=self.is_causal)  # (B,H,L,D), (B,H,L,S)
+        out = self.out_proj(merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)
+        return (out, scores) if need_weights else out
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"is_causal={self.is_causal}")
+
+
+class LoopedMultiHeadAttention(nn.Module):
+    """多头注意力(教学版):每个头各有三个小矩阵 (C → D),用 Python 循环一个头一个头地算。
+
+    Computes exactly what ``MultiHeadAttention`` computes, with H separate ``nn.Linear(C, D)``
+    for each of q, k, v instead of one fused (3C, C) matrix. Slower (3H small matrix
+    multiplications instead of one), same parameter count 4C² + 4C (with bias).
+
+    Args:
+        d_model: hidden size C.
+        num_heads: H; must divide ``d_model``.
+        bias: give the projections a bias.
+        is_causal: hide later keys from each query.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False):
+        super().__init__()
+        self.head_dim = D = check_divisible(d_model, num_heads)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.is_causal = bool(is_causal)
+        self.w_q = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
+        self.w_k = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
+        self.w_v = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # (C) -> (C)
+
+    @classmethod
+    def from_fused(cls, fused: MultiHeadAttention) -> "LoopedMultiHeadAttention":
+        """从融合版复制参数:把 (3C, C) 的大矩阵按头切成 3H 个 (D, C) 的小矩阵。"""
+        C, H, D = fused.d_model, fused.num_heads, fused.head_dim
+        has_bias = fused.qkv.bias is not None
+        looped = cls(C, H, bias=has_bias, is_causal=fused.is_causal).to(fused.qkv.weight.dtype)
+        with torch.no_grad():
+            for part, heads in enumerate((looped.w_q, looped.w_k, looped.w_v)):
+                for h, lin in enumerate(heads):
+                    rows = slice(part * C + h * D, part * C + (h + 1) * D)  # head h of q / k / v
+                    lin.weight.copy_(fused.qkv.weight[rows])  # (D,C)
+                    if has_bias:
+                        lin.bias.copy_(fused.qkv.bias[rows])  # (D,)
+            looped.out_proj.load_state_dict(fused.out_proj.state_dict())
+        return looped
+
+    def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
+        """与 ``MultiHeadAttention.forward`` 相同的参数和返回值,只是一个头一个头地算。"""
+        key = query if key is None else key
+        value = key if value is None else value
+        dtype = self.out_proj.weight.dtype
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            check_sequence_input(name, t, self.d_model, dtype)
+        _check_key_value(query, key, value)
+        if isinstance(mask, torch.Tensor) and mask.ndim == 4:
+            if mask.shape[1] not in (1, self.num_heads):
+                raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {self.num_heads}")
+            head_masks = [mask[:, h if mask.shape[1] > 1 else 0][:, None] for h in range(self.num_heads)]
+        else:
+            head_masks = [mask] * self.num_heads
+        outs, all_scores = [], []
+        for h in range(self.num_heads):
+            q = self.w_q[h](query).unsqueeze(1)  # (B,L,C) -> (B,L,D) -> (B,1,L,D)
+            k = self.w_k[h](key).unsqueeze(1)  # (B,S,C) -> (B,1,S,D)
+            v = self.w_v[h](value).unsqueeze(1)  # (B,S,C) -> (B,1,S,D)
+            out, scores = attention(q, k, v, mask=head_masks[h], is_causal=self.is_causal)  # (B,1,L,D), (B,1,L,S)
+            outs.append(out.squeeze(1))  # (B,L,D)
+            all_scores.append(scores)  # (B,1,L,S)
+        out = self.out_proj(torch.cat(outs, dim=-1))  # H x (B,L,D) -> (B,L,C) -> (B,L,C)
+        scores = torch.cat(all_scores, dim=1)  # H x (B,1,L,S) -> (B,H,L,S)
+        return (out, scores) if need_weights else out
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"is_causal={self.is_causal}")
+
+
+def count_parameters(module: nn.Module) -> int:
+    """数一个模块里可训练参数的个数(所有参数张量的元素个数之和)。"""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+__all__ = ["MultiHeadAttention", "LoopedMultiHeadAttention", "split_heads", "merge_heads", "count_parameters"]

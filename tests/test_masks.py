@@ -1,0 +1,99 @@
+"""Causal and padding masks, bool <-> additive conversion, alignment against torch."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attn_lib
+from attn_lib.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
+from attn_lib.tolerances import assert_close
+
+
+@pytest.mark.parametrize("L,S", [(1, 1), (3, 3), (2, 4), (4, 2), (5, 1)])
+def test_causal_mask_is_top_left_lower_triangle(L, S):
+    m = causal_mask(L, S)
+    assert m.dtype == torch.bool and m.shape == (L, S)
+    for i in range(L):
+        for j in range(S):
+            assert bool(m[i, j]) == (j <= i), (i, j)
+
+
+@pytest.mark.parametrize("L,S", [(3, 3), (2, 5), (5, 2), (6, 6)])
+def test_causal_mask_matches_torch_is_causal_alignment(L, S, rng):
+    q = torch.randn(1, 2, L, 4, generator=rng, dtype=torch.float64)
+    k = torch.randn(1, 2, S, 4, generator=rng, dtype=torch.float64)
+    v = torch.randn(1, 2, S, 3, generator=rng, dtype=torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with_mask = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(L, S))
+    assert_close(with_mask, expected, dtype=torch.float64, what="causal_mask vs torch is_causal")
+    ours, _ = attn_lib.attention(q, k, v, mask=causal_mask(L, S))
+    assert_close(ours, expected, dtype=torch.float64)
+
+
+def test_causal_mask_default_square_and_bottom_rows_for_cache():
+    assert torch.equal(causal_mask(4), causal_mask(4, 4))
+    last_two = causal_mask(5)[-2:]  # queries 3 and 4 of a length-5 sequence
+    assert last_two.tolist() == [[True] * 4 + [False], [True] * 5]
+
+
+def test_padding_mask_values_and_shape():
+    m = padding_mask([3, 1], 4)
+    assert m.shape == (2, 1, 1, 4) and m.dtype == torch.bool
+    assert m[:, 0, 0].tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert padding_mask(torch.tensor([2, 2])).shape == (2, 1, 1, 2)  # S defaults to max length
+
+
+def test_padding_mask_hides_padded_keys_in_attention(rng):
+    B, H, L, S, D = 2, 2, 3, 5, 4
+    q = torch.randn(B, H, L, D, generator=rng, dtype=torch.float64)
+    k = torch.randn(B, H, S, D, generator=rng, dtype=torch.float64)
+    v = torch.randn(B, H, S, D, generator=rng, dtype=torch.float64)
+    lengths = [5, 2]
+    _, scores = attn_lib.attention(q, k, v, mask=padding_mask(lengths, S))
+    assert torch.all(scores[1, :, :, 2:] == 0)
+    # the short sentence's result equals attention on its unpadded keys alone
+    out, _ = attn_lib.attention(q, k, v, mask=padding_mask(lengths, S))
+    alone, _ = attn_lib.attention(q[1:], k[1:, :, :2], v[1:, :, :2])
+    assert_close(out[1:], alone, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("bad,exc,pattern", [
+    ([3, 5], ValueError, "exceeds the padded length S=4"),
+    ([-1], ValueError, ">= 0"),
+    ([1.5], ValueError, "ints"),
+    ([], ValueError, "empty"),
+])
+def test_padding_mask_errors(bad, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        padding_mask(bad, 4)
+
+
+def test_bool_additive_round_trip_and_values():
+    m = causal_mask(3, 4)
+    add = bool_to_additive(m, torch.float64)
+    assert add.dtype == torch.float64 and add.shape == (3, 4)
+    assert torch.all(add[m] == 0) and torch.all(torch.isneginf(add[~m]))
+    assert torch.equal(additive_to_bool(add), m)
+    # the source's construction: triu of a -inf matrix above the diagonal
+    source_style = torch.triu(torch.full((3, 4), float("-inf"), dtype=torch.float64), diagonal=1)
+    assert torch.equal(source_style, add)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bool_and_additive_give_same_attention(dtype, rng):
+    q = torch.randn(2, 2, 4, 8, generator=rng, dtype=dtype)
+    keep = causal_mask(4) & padding_mask([4, 3], 4)  # (L,L) & (B,1,1,S) -> (B,1,L,S)
+    a, sa = attn_lib.attention(q, q, q, mask=keep)
+    b, sb = attn_lib.attention(q, q, q, mask=bool_to_additive(keep, dtype))
+    assert_close(a, b, dtype=dtype)
+    assert_close(sa, sb, dtype=dtype)
+
+
+def test_conversion_errors():
+    with pytest.raises(TypeError, match="bool tensor"):
+        bool_to_additive(torch.zeros(2, 2))
+    with pytest.raises(TypeError, match="floating dtype"):
+        bool_to_additive(causal_mask(2), torch.int64)
+    with pytest.raises(TypeError, match="floating tensor"):
+        additive_to_bool(causal_mask(2))
+    with pytest.raises(ValueError, match="neither 0 nor -inf"):
+        additive_to_bool(torch.tensor([0.0, -1.5, float("-inf")]))
