@@ -150,12 +150,12 @@ def show_heatmap(
     if title:
         ax.set_title(title)
     if annotate:
-        lo = vmin if vmin is not None else np.nanmin(finite)
-        span = (top - lo) or 1.0
         for i in range(L):
             for j in range(S):
                 val = m[i, j]
-                dark = np.isfinite(val) and (val - lo) / span > 0.6
+                # white text on dark cells, black on light ones (by the cell colour's luminance)
+                r, g, b, _ = cmap_obj(im.norm(val)) if np.isfinite(val) else (1, 1, 1, 1)
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
                 ax.text(j, i, _format_cell(val, fmt), ha="center", va="center",
                         color="white" if dark else "black", fontsize=9)
     if colorbar:
