@@ -55,3 +55,26 @@ __all__ += [
 ]
 
 # --- issue 4 (FlashAttention) adds its exports below this line ---
+from .flash import flash_attention, flash_attention_triton
+from .flash_torch import flash_attention_torch, naive_attention
+from .online_softmax import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
+                             online_weighted_sum)
+from .io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
+from . import io_model
+
+__all__ += [
+    "flash_attention",
+    "flash_attention_torch",
+    "flash_attention_triton",
+    "naive_attention",
+    "online_softmax",
+    "online_softmax_update",
+    "online_max_and_sum",
+    "online_logsumexp",
+    "online_weighted_sum",
+    "IOCounter",
+    "standard_attention_io",
+    "flash_attention_io",
+    "tiled_attention_io",
+    "io_model",
+]

@@ -1,0 +1,208 @@
+"""CPU 基准:朴素注意力、torch SDPA 与 attn_lib 分块 FlashAttention 的前向时间和峰值额外内存。
+
+    .venv/bin/python bench/cpu.py                 # B=1, H=8, D=64, N in {1k, 4k, 8k, 16k}, causal and not
+    .venv/bin/python bench/cpu.py --quick         # N in {512, 1k}: a smoke test in seconds, saves nothing
+    .venv/bin/python bench/cpu.py --sizes 1024 4096 8192 --skip-naive-from 16384
+
+Every (implementation, N, causal) case runs in its own subprocess, so each one starts from the
+same memory state:
+
+- time: the minimum over ``--reps`` timed calls after one warm-up call (wall clock,
+  ``time.perf_counter``), float32, torch's default thread count unless ``--threads``;
+- peak extra memory: the process's peak resident set size (``ru_maxrss``) after the calls
+  minus its peak just before them, i.e. what the forward pass needed beyond its inputs
+  (score matrix or tiles, temporaries and the output), in MiB. It counts pages actually
+  touched, so it is the honest "how much RAM did this need" figure, not an allocator's view.
+
+Naive attention at N = 16k needs about 17 GB (two 8.6 GB float32 score matrices);
+``--skip-naive-from N`` leaves it out from that length on. Results go to
+``bench/results/cpu.json`` (with the machine: CPU model, threads, torch version, date)
+unless ``--quick`` or ``--no-save``. Tests never assert these numbers; chapter 08 plots them.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+IMPLS = ("naive", "sdpa", "tiled")
+LABELS = {"naive": "朴素注意力 naive", "sdpa": "torch SDPA", "tiled": "attn_lib 分块 tiled"}
+DEFAULT_SIZES = (1024, 4096, 8192, 16384)
+QUICK_SIZES = (512, 1024)
+RESULTS = Path(__file__).resolve().parent / "results" / "cpu.json"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N (L = S = N)")
+    p.add_argument("--quick", action="store_true", help="small N only, do not save")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--reps", type=int, default=3, help="timed calls per case (after one warm-up)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--skip-naive-from", type=int, default=None, metavar="N",
+                   help="leave naive attention out for N >= this (it needs 2*B*H*N*N*4 bytes)")
+    p.add_argument("--block-m", type=int, default=None, help="BLOCK_M of the tiled path")
+    p.add_argument("--block-n", type=int, default=None, help="BLOCK_N of the tiled path")
+    p.add_argument("--out", type=Path, default=None, help=f"where to write the JSON (default {RESULTS})")
+    p.add_argument("--no-save", action="store_true")
+    p.add_argument("--worker", nargs=3, metavar=("IMPL", "N", "CAUSAL"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    return args
+
+
+def machine() -> dict:
+    """这台机器的描述:CPU 型号、线程数、torch 版本、日期。"""
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": _dt.date.today().isoformat(),
+    }
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / 2**20  # Linux: KiB, macOS: bytes
+
+
+def run_case(impl: str, N: int, causal: bool, args) -> dict:
+    """在本进程里跑一个情形:一次预热、reps 次计时;返回时间和峰值额外内存。"""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    import attn_lib
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+
+    def make(n):
+        return [torch.randn((args.batch, args.heads, n, args.head_dim), generator=gen) for _ in range(3)]  # (B,H,n,D)
+
+    def call(q, k, v):
+        if impl == "naive":
+            return attn_lib.naive_attention(q, k, v, causal=causal)
+        if impl == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return attn_lib.flash_attention_torch(q, k, v, causal=causal, block_m=args.block_m, block_n=args.block_n)[0]
+
+    call(*make(64))  # load kernels and start threads before the memory baseline
+    q, k, v = make(N)  # float32 inputs
+    fn = lambda: call(q, k, v)  # noqa: E731
+    before = peak_rss_mib()
+    fn()  # warm-up (also reaches the peak)
+    times = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"impl": impl, "N": N, "causal": causal, "time_s": min(times), "times_s": times,
+            "peak_extra_mib": peak_rss_mib() - before, "threads": torch.get_num_threads()}
+
+
+def spawn(impl: str, N: int, causal: bool, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", impl, str(N), str(int(causal)), "--reps", str(args.reps),
+           "--batch", str(args.batch), "--heads", str(args.heads), "--head-dim", str(args.head_dim)]
+    for flag, value in (("--threads", args.threads), ("--block-m", args.block_m), ("--block-n", args.block_n)):
+        if value:
+            cmd += [flag, str(value)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        reason = "killed (out of memory?)" if res.returncode < 0 else res.stderr.strip().splitlines()[-1:]
+        return {"impl": impl, "N": N, "causal": causal, "error": str(reason)}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def format_table(results: list, machine_info: dict | None = None) -> str:
+    """把结果排成表:每个 N 和是否因果一组,时间、相对 SDPA 的倍数、峰值额外内存。"""
+    lines = []
+    if machine_info:
+        lines.append(f"# {machine_info['cpu']}, {machine_info['torch_threads']} threads, "
+                     f"torch {machine_info['torch']}, {machine_info['date']}")
+    head = f"{'N':>6} {'causal':>6} {'impl':>6} {'time ms':>10} {'x SDPA':>7} {'peak extra MiB':>15}"
+    lines += [head, "-" * len(head)]
+    groups = {}
+    for r in results:
+        groups.setdefault((r["N"], r["causal"]), {})[r["impl"]] = r
+    for (N, causal), rows in sorted(groups.items()):
+        base = rows.get("sdpa", {}).get("time_s")
+        for impl in IMPLS:
+            r = rows.get(impl)
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"{N:>6} {str(causal):>6} {impl:>6} {'failed: ' + r['error']:>34}")
+                continue
+            ratio = f"{r['time_s'] / base:.2f}" if base else "-"
+            lines.append(f"{N:>6} {str(causal):>6} {impl:>6} {r['time_s'] * 1e3:>10.1f} {ratio:>7} "
+                         f"{r['peak_extra_mib']:>15.0f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        impl, N, causal = args.worker
+        print(json.dumps(run_case(impl, int(N), bool(int(causal)), args)))
+        return 0
+    info = machine()
+    if args.threads:
+        info["torch_threads"] = args.threads
+    results = []
+    for N in args.sizes:
+        for causal in (False, True):
+            for impl in args.impls:
+                if impl == "naive" and args.skip_naive_from and N >= args.skip_naive_from:
+                    continue
+                r = spawn(impl, N, causal, args)
+                results.append(r)
+                print(f"  done: {impl:>5} N={N:>5} causal={causal!s:>5} "
+                      + (f"{r['time_s'] * 1e3:9.1f} ms" if "time_s" in r else r["error"]), flush=True)
+    print(format_table(results, info))
+    out = args.out or (None if (args.quick or args.no_save) else RESULTS)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "machine": info,
+            "config": {"B": args.batch, "H": args.heads, "D": args.head_dim, "dtype": "float32", "reps": args.reps,
+                       "block_m": args.block_m, "block_n": args.block_n,
+                       "time": "min over reps after one warm-up, seconds",
+                       "memory": "peak RSS after the calls minus peak RSS before them (MiB), one process per case"},
+            "command": "python bench/cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "results": results,
+        }
+        out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
