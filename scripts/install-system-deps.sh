@@ -19,3 +19,7 @@ echo "installing system packages: ${need[*]}"
 $SUDO apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" fontconfig >/dev/null
 fc-cache -f >/dev/null 2>&1 || true
+# Fail here, with the reason, rather than later in the browser tests.
+command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing after apt-get install" >&2; exit 1; }
+fc-list 2>/dev/null | grep -q "Noto Sans CJK" || { echo "Noto Sans CJK is still missing after apt-get install fonts-noto-cjk" >&2; exit 1; }
+echo "system packages: chromium and fonts-noto-cjk installed"

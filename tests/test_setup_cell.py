@@ -1,0 +1,111 @@
+"""The notebooks' set-up cell: identical everywhere, pointing at the repository, silent locally.
+
+scripts/setup_cell.py is the one source of the cell. Every chapters/*.ipynb must start with
+it verbatim as its first code cell; the repository it installs from must be _config.yml's
+``repository.url`` (the one place the URL is set). Where attn_lib is importable the cell
+prints nothing and runs nothing (so nbval's committed outputs stay identical); where it is
+not, it runs exactly one pip command (from ATTN_LIB_SOURCE when set) and, on Colab only, the
+CJK-font install.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no chapters/*.ipynb found"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_code_cell_is_the_setup_cell_verbatim(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code, f"{path.name} has no code cell"
+    first = code[0].source
+    # Verbatim: only a trailing newline (invisible in a notebook) may differ.
+    assert first.rstrip("\n") == SETUP_CELL.rstrip("\n"), (
+        f"{path.name}: the first code cell is not scripts/setup_cell.py verbatim; paste the file's text"
+    )
+    assert not code[0].get("outputs"), f"{path.name}: the set-up cell printed something locally"
+
+
+def test_setup_cell_installs_from_the_configured_repository():
+    url = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["repository"]["url"]
+    found = re.findall(r"git\+(https://[^\s\"']+)", SETUP_CELL)
+    assert found, "the set-up cell has no git+https:// install URL"
+    assert all(u.rstrip("/").removesuffix(".git") == url.rstrip("/") for u in found), (
+        f"the set-up cell installs from {found}, but _config.yml's repository.url is {url}"
+    )
+
+
+def _exec_cell(monkeypatch, *, importable: bool, env_source: str | None = None, colab: bool = False):
+    """Run the cell's text in this process with subprocess.run recorded instead of executed."""
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k)) or
+                        subprocess.CompletedProcess(a[0] if a else None, 0))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (real_find_spec(name, *a) if importable or name != "attn_lib" else None))
+    if env_source is None:
+        monkeypatch.delenv("ATTN_LIB_SOURCE", raising=False)
+    else:
+        monkeypatch.setenv("ATTN_LIB_SOURCE", env_source)
+    if colab:
+        monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    else:
+        monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    namespace: dict = {}
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        exec(compile(SETUP_CELL, "setup_cell.py", "exec"), namespace)
+    return calls, out.getvalue(), err.getvalue()
+
+
+def test_setup_cell_does_nothing_when_attn_lib_is_importable(monkeypatch):
+    assert importlib.util.find_spec("attn_lib") is not None
+    calls, out, err = _exec_cell(monkeypatch, importable=True, colab=True)
+    assert calls == [] and out == "" and err == ""
+
+
+def test_setup_cell_is_silent_in_a_real_interpreter():
+    """The same in a fresh Python process of this environment (what a kernel sees)."""
+    proc = subprocess.run([sys.executable, "-c", SETUP_CELL], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc
+
+
+def test_setup_cell_installs_from_github_when_attn_lib_is_missing(monkeypatch):
+    url = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["repository"]["url"]
+    calls, out, err = _exec_cell(monkeypatch, importable=False)
+    assert len(calls) == 1, calls
+    cmd = calls[0][0][0]
+    assert cmd == [sys.executable, "-m", "pip", "install", "-q", f"git+{url}"]
+    assert calls[0][1].get("check") is True
+
+
+def test_setup_cell_honours_attn_lib_source(monkeypatch, tmp_path):
+    calls, _, _ = _exec_cell(monkeypatch, importable=False, env_source=str(tmp_path))
+    assert [c[0][0] for c in calls] == [[sys.executable, "-m", "pip", "install", "-q", str(tmp_path)]]
+
+
+def test_setup_cell_installs_a_cjk_font_on_colab_only(monkeypatch):
+    calls, _, _ = _exec_cell(monkeypatch, importable=False, colab=True)
+    assert len(calls) == 2
+    font_cmd = calls[1][0][0]
+    assert "fonts-noto-cjk" in font_cmd and "apt-get" in font_cmd
+    calls, _, _ = _exec_cell(monkeypatch, importable=False, colab=False)
+    assert len(calls) == 1
