@@ -20,6 +20,12 @@ from .softmax import softmax
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    # One float64 reduction instead of a boolean tensor: any nan/inf makes the sum non-finite.
+    # Only a sum that overflows float64 (values near 1e308) needs the exact elementwise check.
+    return bool(torch.isfinite(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())
+
+
 def check_attention_inputs(q, k, v, mask=None, scale=None):
     """检查 attention 的全部输入,返回 (B, H, L, S, D, Dv) 和规范化后的 scale。"""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -40,7 +46,7 @@ def check_attention_inputs(q, k, v, mask=None, scale=None):
     dims = check_qkv_shapes(q, k, v)
     B, H, L, S, _, _ = dims
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.numel() and not torch.isfinite(t).all():
+        if t.numel() and not _all_finite(t):
             raise ValueError(
                 f"{name} contains nan or inf; attention would turn it into nan. "
                 "Check the layer that produced it (masks belong in `mask`, not in q/k/v)."

@@ -21,7 +21,8 @@ KERNEL_METADATA = {"display_name": "Python 3 (ipykernel)", "language": "python",
 def run(path: Path, timeout: int = 600) -> float:
     nb = nbformat.read(path, as_version=4)
     nb.metadata["kernelspec"] = KERNEL_METADATA
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    nb.metadata.pop("widgets", None)  # no saved widget state: the site shows static figures instead
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
                             resources={"metadata": {"path": str(path.parent)}})
     t0 = time.perf_counter()
     client.execute()
