@@ -193,13 +193,21 @@ def largest_tensor(fn, *args, **kwargs):
     return result, spy.largest
 
 
+def _check_counts(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:
     """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节(训练时随长度平方增长)。"""
+    _check_counts(B=B, H=H, L=L, S=S, bytes_per_element=bytes_per_element)
     return B * H * L * S * bytes_per_element
 
 
 def kv_cache_bytes(num_layers: int, B: int, H: int, S: int, D: int, bytes_per_element: int = 2) -> int:
     """生成时键值缓存占多少字节:每层存 K 和 V 各 (B, H, S, D),随长度线性增长。"""
+    _check_counts(num_layers=num_layers, B=B, H=H, S=S, D=D, bytes_per_element=bytes_per_element)
     return 2 * num_layers * B * H * S * D * bytes_per_element
 
 

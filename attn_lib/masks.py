@@ -16,6 +16,8 @@ the scores' (B, H, L, S): ``(L, S)`` for one pattern shared by the whole batch (
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ._validate import check_positive_int
@@ -51,10 +53,10 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
     Returns:
         Bool tensor of shape (L, S).
     """
-    if not (isinstance(L, int) and not isinstance(L, bool) and L >= 0):
+    if not (isinstance(L, numbers.Integral) and not isinstance(L, bool) and L >= 0):
         raise ValueError(f"L must be an int >= 0, got {L!r}")
     S = L if S is None else S
-    if not (isinstance(S, int) and not isinstance(S, bool) and S >= 0):
+    if not (isinstance(S, numbers.Integral) and not isinstance(S, bool) and S >= 0):
         raise ValueError(f"S must be an int >= 0, got {S!r}")
     return torch.ones(L, S, dtype=torch.bool, device=device).tril()  # (L,S) lower triangle incl. diagonal
 

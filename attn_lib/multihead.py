@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_divisible
+from ._validate import check_divisible, check_rank
 from .reference import attention
 from .self_attention import check_sequence_input
 
@@ -32,6 +32,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Returns:
         A (B, H, L, D) view-based tensor: head h holds channels ``h*D .. (h+1)*D - 1``.
     """
+    check_rank("x", x, 3, "(B, L, C)")
     B, L, C = x.shape
     D = check_divisible(C, num_heads)
     return x.view(B, L, num_heads, D).transpose(1, 2)  # (B,L,C) -> (B,L,H,D) -> (B,H,L,D)
@@ -46,6 +47,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     Returns:
         (B, L, H*D).
     """
+    check_rank("x", x, 4, "(B, H, L, D)")
     B, H, L, D = x.shape
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
 

@@ -20,6 +20,13 @@ def _check_float_array(name: str, x) -> np.ndarray:
     return x
 
 
+def _normalize_dim(x: np.ndarray, dim: int) -> int:
+    n = max(x.ndim, 1)  # a 0-D array takes dim 0 or -1, as in the torch version
+    if not -n <= dim < n:
+        raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D array")
+    return dim % n
+
+
 def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出(教学用)。"""
     _check_float_array("x", x)
@@ -39,13 +46,14 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
         Array of ``x``'s shape and dtype (float16 is computed in float32).
     """
     _check_float_array("x", x)
+    dim = _normalize_dim(x, dim)
     if x.size and (np.isnan(x).any() or np.isposinf(x).any()):
         raise ValueError(
             f"x contains {int(np.isnan(x).sum())} nan and {int(np.isposinf(x).sum())} +inf entries; "
             "softmax of such a row is undefined. Only -inf is allowed (it means 'masked')."
         )
-    if x.ndim == 0:
-        return np.ones_like(x)
+    if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
+        return softmax(x.reshape(1)).reshape(())
     if x.shape[dim] == 0:
         return x.copy()
     work = x.astype(np.float32) if x.dtype == np.float16 else x
@@ -59,6 +67,9 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
 def causal_mask(L: int, S: int | None = None) -> np.ndarray:
     """因果掩码(numpy):布尔 (L, S),True = 可以看;左上角对齐,同 attn_lib.causal_mask。"""
     S = L if S is None else S
+    for name, n in (("L", L), ("S", S)):
+        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0):
+            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
     return np.tril(np.ones((L, S), dtype=bool))  # (L,S)
 
 

@@ -67,6 +67,13 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor)
     Returns:
         ``(m_new, l_new)``, each of shape (...,).
     """
+    for name, t in (("m", m), ("l", l), ("piece", piece)):
+        _check_float_tensor(name, t)
+    if m.shape != l.shape or piece.ndim == 0 or tuple(piece.shape[:-1]) != tuple(m.shape):
+        raise ValueError(
+            f"piece must have shape (..., P) with ... = m's shape; got piece {tuple(piece.shape)}, "
+            f"m {tuple(m.shape)}, l {tuple(l.shape)} (m and l must have the same shape)"
+        )
     m_new = torch.maximum(m, piece.amax(-1))  # (...,P) -> (...,)
     shift = _safe(m_new)  # (...,)
     alpha = torch.exp(m - shift)  # (...,) rescales what l already holds

@@ -22,11 +22,15 @@ def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype) -> None
         raise TypeError(f"{name} must be a torch.Tensor of shape (B, L, C), got {type(x).__name__}")
     check_rank(name, x, 3, "(B, L, C)")
     check_last_dim(name, x, d_model, "the layer's d_model")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}; convert with {name}.to({dtype})")
     if x.dtype != dtype:
         raise TypeError(
             f"{name} has dtype {x.dtype} but the layer's parameters are {dtype}; "
             f"convert one of them, e.g. layer.to({x.dtype}) or {name}.to({dtype})"
         )
+    if x.numel() and not torch.isfinite(x.sum(dtype=torch.float64)) and not torch.isfinite(x).all():
+        raise ValueError(f"{name} contains nan or inf; the layer would turn it into nan. Check what produced it.")
 
 
 class SelfAttention(nn.Module):

@@ -40,9 +40,10 @@ def check_scores_finite(x: torch.Tensor, name: str = "x") -> None:
 
 
 def _normalize_dim(x: torch.Tensor, dim: int) -> int:
-    if not -x.ndim <= dim < max(x.ndim, 1):
+    n = max(x.ndim, 1)  # a 0-D tensor takes dim 0 or -1, as in torch.softmax
+    if not -n <= dim < n:
         raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D tensor")
-    return dim % max(x.ndim, 1)
+    return dim % n
 
 
 def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -74,8 +75,10 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     _check_float_tensor("x", x)
     dim = _normalize_dim(x, dim)
     check_scores_finite(x)
-    if x.ndim == 0 or x.shape[dim] == 0:
-        return torch.ones_like(x) if x.ndim == 0 else x.clone()
+    if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
+        return softmax(x.reshape(1)).reshape(())
+    if x.shape[dim] == 0:
+        return x.clone()
     work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     m = work.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: shift by 0

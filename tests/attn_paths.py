@@ -1,0 +1,352 @@
+"""Every attention path behind one calling convention, plus hypothesis strategies for cases.
+
+Used by test_properties.py, test_edges.py and test_bad_input.py. A *path* takes torch
+tensors q (B,H,L,D), k (B,H,S,D), v (B,H,S,Dv), an optional mask, ``causal`` and ``scale``
+and returns the output (B,H,L,Dv) as a torch tensor in the input dtype. The float64 oracle
+is ``attn_lib.attention`` computed on the same (already rounded) inputs cast to float64.
+
+Paths that other issues add (multi-head module, tiled CPU FlashAttention, Triton under the
+interpreter) are registered only when attn_lib exports them, so this file works at every
+stage of the project; ``MISSING_PATHS`` lists what was not found.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from hypothesis import strategies as st
+
+import attn_lib
+from attn_lib import numpy_ref
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Lengths: small ones, 1, and both sides of every power-of-two block size up to 128.
+BLOCK_EDGES = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    B: int
+    H: int
+    L: int
+    S: int
+    D: int
+    Dv: int
+    dtype: str = "float32"
+    causal: bool = False
+    mask_kind: str = "none"  # "none" | "bool" | "additive" | "key_padding"
+    mask_shape: tuple = ()
+    keep_prob: float = 0.7
+    scale: float | None = None
+    seed: int = 0
+    block_m: int | None = None  # block sizes, for the tiled paths (None = the path's default)
+    block_n: int | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def mask_shapes(B: int, H: int, L: int, S: int) -> list[tuple]:
+    """Mask shapes that broadcast to (B, H, L, S), as readers write them."""
+    return [(L, S), (S,), (B, 1, 1, S), (B, H, L, S), (1, H, 1, S), (B, 1, L, S), (1, 1, L, 1)]
+
+
+def lengths(max_len: int) -> st.SearchStrategy[int]:
+    edges = [n for n in BLOCK_EDGES if n <= max_len]
+    return st.one_of(st.integers(1, max_len), st.sampled_from(edges))
+
+
+@st.composite
+def cases(draw, *, dtypes=("float32",), max_b=2, max_h=3, max_len=70, max_d=40,
+          mask_kinds=("none", "bool", "additive"), causal=(False, True), scales=(None,),
+          same_length=False, same_dv=False, blocks=None) -> Case:
+    """A random attention problem: sizes, dtype, causal flag, mask kind and shape, scale, seed.
+
+    ``scales`` are factors of the default 1/sqrt(D) (None = leave the default); ``blocks`` a
+    strategy for block sizes (tiled paths)."""
+    B, H = draw(st.integers(1, max_b)), draw(st.integers(1, max_h))
+    L = draw(lengths(max_len))
+    S = L if same_length else draw(lengths(max_len))
+    D = draw(st.one_of(st.integers(1, max_d), st.sampled_from([1, 3, 5, max_d])))
+    Dv = D if same_dv else draw(st.one_of(st.just(D), st.integers(1, max_d)))
+    factor = draw(st.sampled_from(scales))  # scale = factor / sqrt(D): scores stay of unit size,
+    scale = None if factor is None else factor / math.sqrt(D)  # the range the tolerances are for
+    kind = draw(st.sampled_from(mask_kinds))
+    shape = draw(st.sampled_from(mask_shapes(B, H, L, S))) if kind in ("bool", "additive") else ()
+    if kind == "key_padding":
+        shape = (B, S)
+    return Case(B=B, H=H, L=L, S=S, D=D, Dv=Dv, dtype=draw(st.sampled_from(dtypes)),
+                causal=draw(st.sampled_from(causal)), mask_kind=kind, mask_shape=shape,
+                keep_prob=draw(st.sampled_from([0.3, 0.7, 0.95])), scale=scale,
+                seed=draw(st.integers(0, 2**31 - 1)),
+                block_m=draw(blocks) if blocks is not None else None,
+                block_n=draw(blocks) if blocks is not None else None)
+
+
+def make_inputs(case: Case, magnitude: float = 1.0):
+    """Tensors for a case: q, k, v in the case's dtype and the mask (None, bool or additive)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    dt = case.torch_dtype
+
+    def randn(*shape):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) * magnitude).to(dt)
+
+    q = randn(case.B, case.H, case.L, case.D)
+    k = randn(case.B, case.H, case.S, case.D)
+    v = randn(case.B, case.H, case.S, case.Dv)
+    mask = None
+    if case.mask_kind != "none":
+        keep = torch.rand(*case.mask_shape, generator=gen) < case.keep_prob
+        if case.mask_kind in ("bool", "key_padding"):
+            mask = keep
+        else:  # additive: a random bias where visible, -inf where hidden
+            bias = torch.randn(*case.mask_shape, generator=gen, dtype=torch.float64) * 2
+            mask = bias.masked_fill(~keep, float("-inf")).to(dt)
+    return q, k, v, mask
+
+
+def reference_mask(case: Case, mask):
+    """The mask as attn_lib.attention takes it: key padding (B, S) -> (B, 1, 1, S)."""
+    if mask is not None and case.mask_kind == "key_padding":
+        return mask[:, None, None, :]  # (B,S) -> (B,1,1,S)
+    return mask
+
+
+def reference64(case: Case, q, k, v, mask):
+    """The float64 oracle: attn_lib.attention on the same inputs cast to float64."""
+    m = reference_mask(case, mask)
+    if m is not None and m.is_floating_point():
+        m = m.double()
+    out, _ = attn_lib.attention(q.double(), k.double(), v.double(), mask=m, is_causal=case.causal,
+                                scale=case.scale)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Paths
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Path:
+    name: str
+    call: Callable  # (q, k, v, mask, causal, scale, **blocks) -> output
+    dtypes: tuple
+    mask_kinds: tuple  # which Case.mask_kind values it takes
+    max_len: int = 70
+    max_d: int = 40
+    blocks: Any = None  # strategy for block_m / block_n, for paths that take them
+    with_lse: Callable | None = None  # same arguments -> (output, log-sum-exp (B, H, L))
+    notes: str = ""
+
+
+def _torch_reference(q, k, v, mask, causal, scale):
+    return attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)[0]
+
+
+def _numpy_reference(q, k, v, mask, causal, scale):
+    np_mask = None if mask is None else mask.numpy()
+    out, _ = numpy_ref.attention(q.numpy(), k.numpy(), v.numpy(), mask=np_mask, is_causal=causal, scale=scale)
+    return torch.from_numpy(out)
+
+
+PATHS: dict[str, Path] = {
+    "torch_reference": Path("torch_reference", _torch_reference,
+                            ("float64", "float32", "float16", "bfloat16"), ("none", "bool", "additive")),
+    "numpy_reference": Path("numpy_reference", _numpy_reference,
+                            ("float64", "float32", "float16"), ("none", "bool", "additive"),
+                            notes="numpy has no bfloat16"),
+}
+
+MISSING_PATHS: list[str] = []
+
+
+def _register_flash_paths() -> None:
+    try:
+        from attn_lib.flash_torch import flash_attention_torch
+    except ImportError:
+        MISSING_PATHS.append("tiled_cpu_flash")
+    else:
+        def tiled(q, k, v, mask, causal, scale, **blocks):
+            return flash_attention_torch(q, k, v, causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+
+        PATHS["tiled_cpu_flash"] = Path(
+            "tiled_cpu_flash", lambda *a, **kw: tiled(*a, **kw)[0], ("float64", "float32", "float16", "bfloat16"),
+            ("none", "key_padding"), blocks=st.one_of(st.integers(2, 40), st.sampled_from([None, 1, 16, 64])),
+            with_lse=tiled, notes="attn_lib.flash_torch.flash_attention_torch, random block sizes")
+    if not hasattr(attn_lib, "flash_attention"):
+        MISSING_PATHS.extend(["flash_attention", "triton_interpreter"])
+        return
+
+    def auto(q, k, v, mask, causal, scale):
+        return attn_lib.flash_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=mask)
+
+    PATHS["flash_attention"] = Path(
+        "flash_attention", auto, ("float64", "float32", "float16", "bfloat16"), ("none", "key_padding"),
+        notes="the public entry, backend='auto' (on CPU tensors: the tiled torch path, default blocks)")
+
+    def triton(q, k, v, mask, causal, scale, **blocks):
+        # On CPU tensors attn_lib.flash runs the kernel under TRITON_INTERPRET=1 (it sets the
+        # variable itself while it imports and launches its interpreted copy of the kernel).
+        return attn_lib.flash_attention_triton(q, k, v, causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+
+    PATHS["triton_interpreter"] = Path(
+        "triton_interpreter", lambda *a, **kw: triton(*a, **kw)[0], ("float32", "float16", "bfloat16"),
+        ("none", "key_padding"), max_len=34, max_d=9, blocks=st.sampled_from([None, 16, 32]), with_lse=triton,
+        notes="Triton kernel under the interpreter: small L, S, D")
+
+
+_register_flash_paths()
+
+
+# ---------------------------------------------------------------------------------------------
+# Module paths: layers that own their projections, (B, L, C) in and out
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class ModulePath:
+    """A layer type. ``build(case)`` makes one with seeded weights in the case's dtype;
+    ``forward(layer, xq, xk, xv, mask)`` runs it (xk/xv None = self-attention);
+    ``reference64`` recomputes the same thing in float64 from the layer's weights, with
+    plain matrix products and ``attn_lib.attention``."""
+
+    name: str
+    build: Callable
+    forward: Callable
+    reference64: Callable
+    dtypes: tuple = ("float64", "float32", "float16", "bfloat16")
+    cross: bool = True  # takes separate key / value inputs
+    heads: bool = True  # masks broadcast to (B, H, L, S); False: single head
+
+
+def _seeded_(layer, seed: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in layer.parameters():  # unit-scale outputs for unit-scale inputs
+            fan_in = p.shape[-1] if p.ndim == 2 else 4
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in))
+    return layer.to(dtype)
+
+
+def _mask64(mask):
+    return mask.double() if mask is not None and mask.is_floating_point() else mask
+
+
+def _linear64(x, w, b):
+    y = x.double() @ w.double().T  # (B,L,C_in) @ (C_in,C_out) -> (B,L,C_out)
+    return y + b.double() if b is not None else y
+
+
+def _mha_reference64(layer, xq, xk, xv, mask):
+    C, H = layer.d_model, layer.num_heads
+    xk = xq if xk is None else xk
+    xv = xk if xv is None else xv
+    w_q, w_k, w_v = layer.qkv.weight.split(C, dim=0)  # (3C,C) -> 3 x (C,C)
+    b_q, b_k, b_v = layer.qkv.bias.split(C) if layer.qkv.bias is not None else (None,) * 3
+
+    def heads(y):  # (B,L,C) -> (B,H,L,D)
+        return y.reshape(y.shape[0], y.shape[1], H, C // H).transpose(1, 2)
+
+    q, k, v = heads(_linear64(xq, w_q, b_q)), heads(_linear64(xk, w_k, b_k)), heads(_linear64(xv, w_v, b_v))
+    out, _ = attn_lib.attention(q, k, v, mask=_mask64(mask), is_causal=layer.is_causal)  # (B,H,L,D)
+    merged = out.transpose(1, 2).reshape(xq.shape[0], xq.shape[1], C)  # (B,H,L,D) -> (B,L,C)
+    return _linear64(merged, layer.out_proj.weight, layer.out_proj.bias)
+
+
+def _looped_as_fused(layer):
+    """The looped layer's 3H small matrices stacked into the fused layout [W_q; W_k; W_v]."""
+    from types import SimpleNamespace
+
+    parts = (layer.w_q, layer.w_k, layer.w_v)
+    weight = torch.cat([lin.weight for heads in parts for lin in heads])  # 3H x (D,C) -> (3C,C)
+    bias = None if layer.out_proj.bias is None else torch.cat([lin.bias for heads in parts for lin in heads])
+    return SimpleNamespace(d_model=layer.d_model, num_heads=layer.num_heads, is_causal=layer.is_causal,
+                           qkv=SimpleNamespace(weight=weight, bias=bias), out_proj=layer.out_proj)
+
+
+def _mha_forward(layer, xq, xk, xv, mask):
+    with torch.no_grad():
+        return layer(xq, xk, xv, mask=mask)
+
+
+def _self_attention_reference64(layer, xq, xk, xv, mask):
+    q = _linear64(xq, layer.w_q.weight, layer.w_q.bias)[:, None]  # (B,L,C) -> (B,1,L,d_k)
+    k = _linear64(xq, layer.w_k.weight, layer.w_k.bias)[:, None]  # (B,1,L,d_k)
+    v = _linear64(xq, layer.w_v.weight, layer.w_v.bias)[:, None]  # (B,1,L,d_v)
+    out, _ = attn_lib.attention(q, k, v, mask=_mask64(mask), is_causal=layer.is_causal)
+    return out[:, 0]  # (B,1,L,d_v) -> (B,L,d_v)
+
+
+def _self_attention_forward(layer, xq, xk, xv, mask):
+    with torch.no_grad():
+        return layer(xq, mask=mask)
+
+
+MODULES: dict[str, ModulePath] = {}
+if hasattr(attn_lib, "MultiHeadAttention"):
+    MODULES["multihead"] = ModulePath(
+        "multihead",
+        lambda c: _seeded_(attn_lib.MultiHeadAttention(c.H * c.D, c.H, is_causal=c.causal), c.seed, c.torch_dtype),
+        _mha_forward, _mha_reference64)
+else:
+    MISSING_PATHS.append("multihead")
+if hasattr(attn_lib, "LoopedMultiHeadAttention"):
+    MODULES["multihead_looped"] = ModulePath(
+        "multihead_looped",
+        lambda c: attn_lib.LoopedMultiHeadAttention.from_fused(MODULES["multihead"].build(c)),
+        _mha_forward, lambda layer, *a: _mha_reference64(_looped_as_fused(layer), *a))
+if hasattr(attn_lib, "SelfAttention"):
+    MODULES["self_attention"] = ModulePath(
+        "self_attention",
+        lambda c: _seeded_(attn_lib.SelfAttention(c.H * c.D, c.D, c.Dv, bias=True, is_causal=c.causal),
+                           c.seed, c.torch_dtype),
+        _self_attention_forward, _self_attention_reference64, cross=False, heads=False)
+
+
+def module_inputs(case: Case, mode: str, magnitude: float = 1.0):
+    """(B, L, C) inputs for a layer: xq and, for cross-attention, xk / xv (else None)."""
+    gen = torch.Generator().manual_seed(case.seed + 7)
+    C = case.H * case.D
+
+    def randn(n):
+        return (torch.randn(case.B, n, C, generator=gen, dtype=torch.float64) * magnitude).to(case.torch_dtype)
+
+    xq = randn(case.L)
+    if mode == "self":
+        return xq, None, None
+    xk = randn(case.S)
+    return xq, xk, (randn(case.S) if mode == "cross_separate" else None)
+
+
+def _block_kwargs(path: Path, case: Case) -> dict:
+    return {"block_m": case.block_m, "block_n": case.block_n} if path.blocks is not None else {}
+
+
+def run_path(path: Path, case: Case, q, k, v, mask):
+    return path.call(q, k, v, mask, case.causal, case.scale, **_block_kwargs(path, case))
+
+
+def run_path_with_lse(path: Path, case: Case, q, k, v, mask):
+    return path.with_lse(q, k, v, mask, case.causal, case.scale, **_block_kwargs(path, case))
+
+
+def lse64(case: Case, q, k, v, mask) -> torch.Tensor:
+    """float64 log Σ_j exp(scale · q·k_j) over the keys each query may see (B, H, L); -inf if none."""
+    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.D)
+    logits = (q.double() @ k.double().transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    m = reference_mask(case, mask)
+    if m is not None:
+        logits = logits.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits + m.double()
+    if case.causal:
+        logits = logits.masked_fill(~attn_lib.causal_mask(case.L, case.S), float("-inf"))  # (B,H,L,S)
+    return torch.logsumexp(logits, dim=-1)  # (B,H,L,S) -> (B,H,L)
+
+
+def all_path_names() -> list[str]:
+    return list(PATHS)
+
+

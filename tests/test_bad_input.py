@@ -1,0 +1,260 @@
+"""Bad input table: every public function, each bad input, the error and the message it must give.
+
+Each row: (id, call, exception type, regex the message must match). The messages name the
+argument and show what was expected and what was found. (This table replaces the former
+tests/test_validation.py; its rows are all here.)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attn_lib
+from attn_lib import numpy_ref, plotting
+
+
+def t(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def a(*shape, dtype=np.float64):
+    return np.zeros(shape, dtype=dtype)
+
+
+Q = t(1, 1, 3, 4)
+QN = a(1, 1, 3, 4)
+
+
+def att(*args, **kw):
+    return lambda: attn_lib.attention(*args, **kw)
+
+
+def natt(*args, **kw):
+    return lambda: numpy_ref.attention(*args, **kw)
+
+
+def _nan(*shape, torch_=True):
+    x = t(*shape) if torch_ else a(*shape)
+    x[(0,) * len(shape)] = float("nan")
+    return x
+
+
+def _inf(*shape, torch_=True):
+    x = t(*shape) if torch_ else a(*shape)
+    x[(0,) * len(shape)] = float("inf")
+    return x
+
+
+ROWS = [
+    # --- attn_lib.attention (torch reference) -------------------------------------------------
+    ("attention: q 2-D", att(t(3, 4), Q, Q), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D with shape \(3, 4\).*q\[None, None\]"),
+    ("attention: k 3-D", att(Q, t(1, 3, 4), Q), ValueError, r"k must be 4-D \(B, H, S, D\), got 3-D.*unsqueeze\(1\)"),
+    ("attention: v 5-D", att(Q, Q, t(1, 1, 1, 3, 4)), ValueError, r"v must be 4-D \(B, H, S, Dv\), got 5-D with shape \(1, 1, 1, 3, 4\)"),
+    ("attention: D of q and k differ", att(Q, t(1, 1, 3, 5), Q), ValueError, r"same head dim D.*q has D=4, k has D=5"),
+    ("attention: S of k and v differ", att(Q, Q, t(1, 1, 2, 4)), ValueError, r"same number of keys S.*k has S=3, v has S=2"),
+    ("attention: heads differ", att(t(1, 2, 3, 4), Q, Q), ValueError, r"batch and head sizes.*q has \(1, 2\), k has \(1, 1\)"),
+    ("attention: batch differs", att(Q, t(2, 1, 3, 4), t(2, 1, 3, 4)), ValueError, r"batch and head sizes.*k has \(2, 1\)"),
+    ("attention: D = 0", att(t(1, 1, 3, 0), t(1, 1, 3, 0), Q), ValueError, r"head dim D=0; attention needs D >= 1"),
+    ("attention: int dtype", att(*(t(1, 1, 3, 4, dtype=torch.int64),) * 3), TypeError, r"q must be a floating-point tensor .*got torch.int64"),
+    ("attention: dtypes differ", att(Q, t(1, 1, 3, 4, dtype=torch.float64), Q), TypeError, r"q, k, v must have the same dtype, got q=torch.float32, k=torch.float64"),
+    ("attention: numpy input", att(QN, QN, QN), TypeError, r"q must be a torch.Tensor, got ndarray.*numpy_ref.attention"),
+    ("attention: list input", att([[1.0]], Q, Q), TypeError, r"q must be a torch.Tensor, got list"),
+    ("attention: mask does not broadcast", att(Q, t(1, 1, 5, 4), t(1, 1, 5, 4), mask=torch.ones(3, 4, dtype=torch.bool)),
+     ValueError, r"mask has shape \(3, 4\), which does not broadcast.*\(B, H, L, S\) = \(1, 1, 3, 5\)"),
+    ("attention: mask too many axes", att(Q, Q, Q, mask=torch.ones(1, 1, 1, 3, 3, dtype=torch.bool)), ValueError,
+     r"mask has shape \(1, 1, 1, 3, 3\) \(5-D\), more axes than the scores"),
+    ("attention: mask int dtype", att(Q, Q, Q, mask=torch.ones(3, 3, dtype=torch.int64)), TypeError, r"mask must be bool .* got torch.int64.*mask.bool\(\)"),
+    ("attention: mask numpy", att(Q, Q, Q, mask=np.ones((3, 3), dtype=bool)), TypeError, r"mask must be a torch.Tensor or None, got ndarray"),
+    ("attention: mask nan", att(Q, Q, Q, mask=_nan(3, 3)), ValueError, r"additive float mask may contain -inf \(hidden\) but not nan or \+inf"),
+    ("attention: mask +inf", att(Q, Q, Q, mask=_inf(3, 3)), ValueError, r"may contain -inf \(hidden\) but not nan or \+inf"),
+    ("attention: scale 0", att(Q, Q, Q, scale=0.0), ValueError, r"scale must be finite and > 0, got 0.0"),
+    ("attention: scale < 0", att(Q, Q, Q, scale=-1), ValueError, r"scale must be finite and > 0, got -1.0"),
+    ("attention: scale nan", att(Q, Q, Q, scale=float("nan")), ValueError, r"scale must be finite and > 0, got nan"),
+    ("attention: scale inf", att(Q, Q, Q, scale=float("inf")), ValueError, r"scale must be finite and > 0, got inf"),
+    ("attention: scale str", att(Q, Q, Q, scale="big"), TypeError, r"scale must be a positive number or None, got 'big'"),
+    ("attention: scale bool", att(Q, Q, Q, scale=True), TypeError, r"scale must be a positive number or None, got True"),
+    ("attention: nan in q", att(_nan(1, 1, 3, 4), Q, Q), ValueError, r"q contains nan or inf"),
+    ("attention: inf in v", att(Q, Q, _inf(1, 1, 3, 4)), ValueError, r"v contains nan or inf"),
+    # --- numpy_ref.attention: the same rows, the same messages (numpy spelling) --------------------
+    ("numpy attention: q 2-D", natt(a(3, 4), QN, QN), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D with shape \(3, 4\).*q\[None, None\]"),
+    ("numpy attention: k 3-D", natt(QN, a(1, 3, 4), QN), ValueError, r"k must be 4-D \(B, H, S, D\), got 3-D.*unsqueeze\(1\)"),
+    ("numpy attention: D of q and k differ", natt(QN, a(1, 1, 3, 5), QN), ValueError, r"same head dim D.*q has D=4, k has D=5"),
+    ("numpy attention: S of k and v differ", natt(QN, QN, a(1, 1, 2, 4)), ValueError, r"same number of keys S.*k has S=3, v has S=2"),
+    ("numpy attention: heads differ", natt(a(1, 2, 3, 4), QN, QN), ValueError, r"batch and head sizes"),
+    ("numpy attention: int dtype", natt(*(a(1, 1, 3, 4, dtype=np.int64),) * 3), TypeError, r"q must be a floating-point array, got int64"),
+    ("numpy attention: dtypes differ", natt(QN, a(1, 1, 3, 4, dtype=np.float32), QN), TypeError, r"q, k, v must have the same dtype, got q=float64, k=float32"),
+    ("numpy attention: torch input", natt(Q, QN, QN), TypeError, r"q must be a numpy.ndarray, got Tensor"),
+    ("numpy attention: mask does not broadcast", natt(QN, a(1, 1, 5, 4), a(1, 1, 5, 4), mask=np.ones((3, 4), dtype=bool)),
+     ValueError, r"mask has shape \(3, 4\), which does not broadcast.*\(1, 1, 3, 5\)"),
+    ("numpy attention: mask too many axes", natt(QN, QN, QN, mask=np.ones((1, 1, 1, 3, 3), dtype=bool)), ValueError, r"more axes"),
+    ("numpy attention: mask int dtype", natt(QN, QN, QN, mask=np.ones((3, 3), dtype=np.int64)), TypeError, r"mask must be bool .*mask.astype\(bool\)"),
+    ("numpy attention: mask nan", natt(QN, QN, QN, mask=_nan(3, 3, torch_=False)), ValueError, r"may contain -inf \(hidden\) but not nan or \+inf"),
+    ("numpy attention: scale 0", natt(QN, QN, QN, scale=0.0), ValueError, r"scale must be finite and > 0, got 0.0"),
+    ("numpy attention: scale < 0", natt(QN, QN, QN, scale=-1), ValueError, r"scale must be finite and > 0"),
+    ("numpy attention: nan in q", natt(_nan(1, 1, 3, 4, torch_=False), QN, QN), ValueError, r"q contains nan or inf"),
+    ("numpy attention: inf in k", natt(QN, _inf(1, 1, 3, 4, torch_=False), QN), ValueError, r"k contains nan or inf"),
+    # --- softmax (torch, numpy) ------------------------------------------------------------------
+    ("softmax: list", lambda: attn_lib.softmax([1.0, 2.0]), TypeError, r"x must be a torch.Tensor, got list"),
+    ("softmax: int tensor", lambda: attn_lib.softmax(torch.tensor([1, 2])), TypeError, r"x must be a floating-point tensor, got torch.int64"),
+    ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError, r"dim=2 is out of range for a 2-D tensor"),
+    ("softmax: nan", lambda: attn_lib.softmax(torch.tensor([0.0, float("nan")])), ValueError, r"x contains 1 nan and 0 \+inf entries.*Only -inf is allowed"),
+    ("softmax: +inf", lambda: attn_lib.softmax(torch.tensor([0.0, float("inf")])), ValueError, r"x contains 0 nan and 1 \+inf entries"),
+    ("naive_softmax: int tensor", lambda: attn_lib.naive_softmax(torch.tensor([1, 2])), TypeError, r"x must be a floating-point tensor"),
+    ("numpy softmax: list", lambda: numpy_ref.softmax([1.0, 2.0]), TypeError, r"x must be a numpy.ndarray, got list"),
+    ("numpy softmax: int array", lambda: numpy_ref.softmax(np.array([1, 2])), TypeError, r"x must be a floating-point array, got int64"),
+    ("numpy softmax: dim out of range", lambda: numpy_ref.softmax(a(2, 3), dim=-3), ValueError, r"dim=-3 is out of range for a 2-D array"),
+    ("numpy softmax: nan", lambda: numpy_ref.softmax(np.array([0.0, np.nan])), ValueError, r"x contains 1 nan and 0 \+inf entries"),
+    ("numpy naive_softmax: int array", lambda: numpy_ref.naive_softmax(np.array([1, 2])), TypeError, r"x must be a floating-point array"),
+    # --- masks -----------------------------------------------------------------------------------
+    ("causal_mask: L < 0", lambda: attn_lib.causal_mask(-1), ValueError, r"L must be an int >= 0, got -1"),
+    ("causal_mask: L float", lambda: attn_lib.causal_mask(2.5), ValueError, r"L must be an int >= 0, got 2.5"),
+    ("causal_mask: S < 0", lambda: attn_lib.causal_mask(3, -2), ValueError, r"S must be an int >= 0, got -2"),
+    ("numpy causal_mask: L < 0", lambda: numpy_ref.causal_mask(-1), ValueError, r"L must be an int >= 0, got -1"),
+    ("numpy causal_mask: S float", lambda: numpy_ref.causal_mask(3, 1.5), ValueError, r"S must be an int >= 0, got 1.5"),
+    ("padding_mask: negative length", lambda: attn_lib.padding_mask([3, -1]), ValueError, r"lengths must be >= 0, got \[3, -1\]"),
+    ("padding_mask: length > S", lambda: attn_lib.padding_mask([3, 5], 4), ValueError, r"exceeds the padded length S=4: lengths=\[3, 5\]"),
+    ("padding_mask: empty", lambda: attn_lib.padding_mask([]), ValueError, r"lengths is empty"),
+    ("bool_to_additive: float mask", lambda: attn_lib.bool_to_additive(t(3)), TypeError, r"mask must be a bool tensor .*got torch.float32"),
+    ("bool_to_additive: int dtype", lambda: attn_lib.bool_to_additive(torch.ones(3, dtype=torch.bool), torch.int64), TypeError,
+     r"dtype must be a floating dtype .*got torch.int64"),
+    ("additive_to_bool: bool mask", lambda: attn_lib.additive_to_bool(torch.ones(2, dtype=torch.bool)), TypeError, r"mask must be a floating tensor .*got torch.bool"),
+    ("additive_to_bool: not 0/-inf", lambda: attn_lib.additive_to_bool(torch.tensor([0.0, 1.0])), ValueError, r"neither 0 nor -inf \(e.g. 1.0\)"),
+    # --- tolerances ------------------------------------------------------------------------------
+    ("tolerance: unknown dtype", lambda: attn_lib.tolerance("int8"), KeyError, r"no tolerance for dtype int8; known: \['bfloat16'"),
+    # --- dictionary lookup and similarity (chapters 1-2) -------------------------------------------
+    ("hard_lookup: missing key", lambda: attn_lib.hard_lookup("fruit", {"apple": 10}), KeyError, r"exact key.*'fruit'"),
+    ("soft_lookup: sum != 1", lambda: attn_lib.soft_lookup([0.5, 0.4], [1.0, 2.0]), ValueError, r"sum to 1"),
+    ("soft_lookup: negative", lambda: attn_lib.soft_lookup([1.5, -0.5], [1.0, 2.0]), ValueError, r">= 0"),
+    ("soft_lookup: count", lambda: attn_lib.soft_lookup([0.5, 0.5], [1.0, 2.0, 3.0]), ValueError, r"got 2 proportions for 3 values"),
+    ("dot: lengths differ", lambda: attn_lib.dot(torch.zeros(3), torch.zeros(4)), ValueError, r"same length D, got 3 and 4"),
+    ("dot_query_keys: K 1-D", lambda: attn_lib.dot_query_keys(torch.zeros(3), torch.zeros(3)), ValueError, r"K of shape \(S, D\)"),
+    ("euclidean_distance: lengths differ", lambda: attn_lib.euclidean_distance(torch.zeros(3), torch.zeros(2, 4)), ValueError,
+     r"same length D, got 3 and 4"),
+    ("dot_all: Q 1-D", lambda: attn_lib.dot_all(torch.zeros(3), torch.zeros(2, 3)), ValueError, r"Q \(L, D\) and K \(S, D\)"),
+    # --- plotting --------------------------------------------------------------------------------
+    ("show_heatmap: 1-D", lambda: plotting.show_heatmap(a(3)), ValueError, r"show_heatmap needs a 2-D \(L, S\) matrix, got shape \(3,\)"),
+    ("show_heatmap: 3-D", lambda: plotting.show_heatmap(a(2, 3, 4)), ValueError, r"got shape \(2, 3, 4\); pick one head"),
+    ("show_heatmap: labels", lambda: plotting.show_heatmap(a(2, 3), row_labels=["x"]), ValueError, r"row_labels has 1 labels for 2 rows"),
+    ("show_heatmaps: none", lambda: plotting.show_heatmaps([]), ValueError, r"at least one matrix"),
+    ("show_heatmaps: titles", lambda: plotting.show_heatmaps(a(2, 2, 2), titles=["x"]), ValueError, r"got 1 titles for 2 matrices"),
+    ("bar_scores: labels", lambda: plotting.bar_scores([1.0, 2.0], ["x"]), ValueError, r"got 1 labels for 2 values"),
+]
+
+
+# --- layers (issue 3) --------------------------------------------------------------------------
+if hasattr(attn_lib, "MultiHeadAttention"):
+    from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, merge_heads, split_heads
+
+    X = t(2, 3, 8)
+
+    def mha(*args, layer=MultiHeadAttention, **kw):
+        return lambda: layer(8, 2)(*args, **kw)
+
+    ROWS += [
+        ("MultiHeadAttention: d_model % num_heads", lambda: MultiHeadAttention(10, 3), ValueError,
+         r"d_model=10 is not divisible by num_heads=3.*e.g. 9 or 12"),
+        ("MultiHeadAttention: num_heads 0", lambda: MultiHeadAttention(8, 0), ValueError, r"num_heads must be a positive int, got 0"),
+        ("MultiHeadAttention: d_model 0", lambda: MultiHeadAttention(0, 1), ValueError, r"d_model must be a positive int, got 0"),
+        ("MultiHeadAttention: d_model float", lambda: MultiHeadAttention(8.0, 2), ValueError, r"d_model must be a positive int, got 8.0"),
+        ("MultiHeadAttention: query 2-D", mha(t(3, 8)), ValueError, r"query must be 3-D \(B, L, C\), got 2-D with shape \(3, 8\).*unsqueeze\(0\)"),
+        ("MultiHeadAttention: query 4-D", mha(t(1, 2, 3, 8)), ValueError, r"query must be 3-D \(B, L, C\), got 4-D"),
+        ("MultiHeadAttention: last dim", mha(t(2, 3, 5)), ValueError, r"query has last dimension 5 \(shape \(2, 3, 5\)\), but the layer's d_model is 8"),
+        ("MultiHeadAttention: key last dim", mha(X, t(2, 3, 6)), ValueError, r"key has last dimension 6"),
+        ("MultiHeadAttention: dtype", mha(X.double()), TypeError, r"query has dtype torch.float64 but the layer's parameters are torch.float32"),
+        ("MultiHeadAttention: numpy", mha(a(2, 3, 8)), TypeError, r"query must be a torch.Tensor of shape \(B, L, C\), got ndarray"),
+        ("MultiHeadAttention: batch", mha(X, t(1, 3, 8)), ValueError, r"same batch size B, got 2, 1 and 1"),
+        ("MultiHeadAttention: key/value S", mha(X, t(2, 4, 8), t(2, 5, 8)), ValueError, r"key has S=4, value has S=5"),
+        ("MultiHeadAttention: mask", mha(X, mask=torch.ones(4, 4, dtype=torch.bool)), ValueError,
+         r"mask has shape \(4, 4\), which does not broadcast.*\(2, 2, 3, 3\)"),
+        ("MultiHeadAttention: nan in query", mha(_nan(2, 3, 8)), ValueError, r"query contains nan or inf"),
+        ("LoopedMultiHeadAttention: d_model % num_heads", lambda: LoopedMultiHeadAttention(10, 4), ValueError,
+         r"d_model=10 is not divisible by num_heads=4"),
+        ("LoopedMultiHeadAttention: last dim", mha(t(2, 3, 5), layer=LoopedMultiHeadAttention), ValueError, r"query has last dimension 5"),
+        ("LoopedMultiHeadAttention: mask heads", mha(X, mask=torch.ones(2, 3, 3, 3, dtype=torch.bool), layer=LoopedMultiHeadAttention),
+         ValueError, r"mask has 3 heads on axis 1, expected 1 or 2"),
+        ("SelfAttention: d_k 0", lambda: SelfAttention(4, 0), ValueError, r"d_k must be a positive int, got 0"),
+        ("SelfAttention: x 2-D", lambda: SelfAttention(4)(t(3, 4)), ValueError, r"x must be 3-D \(B, L, C\), got 2-D.*x.unsqueeze\(0\)"),
+        ("SelfAttention: last dim", lambda: SelfAttention(4)(t(1, 3, 5)), ValueError, r"x has last dimension 5 .*d_model is 4"),
+        ("SelfAttention.from_matrices: d_k differ", lambda: SelfAttention.from_matrices(t(4, 3), t(4, 2), t(4, 3)), ValueError,
+         r"w_q and w_k must have the same number of columns d_k, got 3 and 2"),
+        ("split_heads: C % H", lambda: split_heads(X, 3), ValueError, r"d_model=8 is not divisible by num_heads=3"),
+        ("split_heads: x 2-D", lambda: split_heads(t(3, 8), 2), ValueError, r"x must be 3-D \(B, L, C\), got 2-D"),
+        ("merge_heads: x 2-D", lambda: merge_heads(t(3, 8)), ValueError, r"x must be 4-D \(B, H, L, D\), got 2-D"),
+    ]
+
+
+# --- FlashAttention, online softmax, IO model (issue 4) -----------------------------------------
+if hasattr(attn_lib, "flash_attention"):
+    from attn_lib import io_model
+
+    def fa(*args, fn=None, **kw):
+        return lambda: (fn or attn_lib.flash_attention)(*args, **kw)
+
+    ROWS += [
+        ("flash_attention: backend name", fa(Q, Q, Q, backend="cuda"), ValueError,
+         r"backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'"),
+        ("flash_attention: q 2-D", fa(t(3, 4), Q, Q), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D"),
+        ("flash_attention: D of q and k differ", fa(Q, t(1, 1, 3, 5), Q), ValueError, r"q has D=4, k has D=5"),
+        ("flash_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4)), ValueError, r"k has S=3, v has S=2"),
+        ("flash_attention: dtypes differ", fa(Q, Q.double(), Q), TypeError, r"same dtype, got q=torch.float32, k=torch.float64"),
+        ("flash_attention: scale 0", fa(Q, Q, Q, scale=0), ValueError, r"scale must be finite and > 0, got 0.0"),
+        ("flash_attention: causal not bool", fa(Q, Q, Q, causal="yes"), TypeError, r"causal must be True or False, got 'yes'"),
+        ("flash_attention: key_padding_mask shape", fa(Q, Q, Q, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError,
+         r"key_padding_mask must have shape \(B, S\) = \(1, 3\).*got \(1, 4\)"),
+        ("flash_attention: key_padding_mask dtype", fa(Q, Q, Q, key_padding_mask=torch.ones(1, 3)), TypeError,
+         r"key_padding_mask must be bool \(True = key present\), got torch.float32.*\.bool\(\)"),
+        ("flash_attention: key_padding_mask list", fa(Q, Q, Q, key_padding_mask=[[True] * 3]), TypeError,
+         r"key_padding_mask must be a torch.Tensor or None, got list"),
+        ("flash_attention: nan in k", fa(Q, _nan(1, 1, 3, 4), Q), ValueError, r"k contains nan or inf"),
+        ("flash_attention_torch: block_m 0", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, block_m=0), ValueError,
+         r"block_m must be a positive int, got 0"),
+        ("flash_attention_torch: block_n < 0", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, block_n=-1), ValueError,
+         r"block_n must be a positive int, got -1"),
+        ("flash_attention_torch: block_m float", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, block_m=2.5), ValueError,
+         r"block_m must be a positive int, got 2.5"),
+        ("flash_attention_triton: block_m not a power of 2", fa(Q, Q, Q, fn=attn_lib.flash_attention_triton, block_m=24),
+         ValueError, r"block_m must be a power of two >= 16 .*got 24"),
+        ("flash_attention_triton: block_n 0", fa(Q, Q, Q, fn=attn_lib.flash_attention_triton, block_n=0), ValueError,
+         r"block_n must be a positive int, got 0"),
+        ("flash_attention_triton: float64", fa(Q.double(), Q.double(), Q.double(), fn=attn_lib.flash_attention_triton),
+         TypeError, r"float16, bfloat16 or float32; for float64 use backend='torch'"),
+        ("flash_attention_triton: head dim > 256", fa(t(1, 1, 2, 300), t(1, 1, 2, 300), t(1, 1, 2, 4), fn=attn_lib.flash_attention_triton),
+         ValueError, r"head dims up to 256, got D=300"),
+        ("naive_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4), fn=attn_lib.naive_attention), ValueError, r"k has S=3, v has S=2"),
+        ("online_softmax: 0-D", lambda: attn_lib.online_softmax(torch.tensor(1.0), 2), ValueError, r"x must have at least one axis"),
+        ("online_softmax: pieces", lambda: attn_lib.online_softmax(t(5), [2, 2]), ValueError, r"piece lengths \[2, 2\] sum to 4, but the row has 5"),
+        ("online_softmax: block 0", lambda: attn_lib.online_softmax(t(5), 0), ValueError, r"splits must be a positive int, got 0"),
+        ("online_softmax: nan", lambda: attn_lib.online_softmax(torch.tensor([float("nan")]), 1), ValueError, r"x contains 1 nan"),
+        ("online_max_and_sum: int", lambda: attn_lib.online_max_and_sum(torch.zeros(3, dtype=torch.long), 2), TypeError,
+         r"x must be a floating-point tensor, got torch.int64"),
+        ("online_logsumexp: list", lambda: attn_lib.online_logsumexp([1.0], 2), TypeError, r"x must be a torch.Tensor, got list"),
+        ("online_weighted_sum: v keys", lambda: attn_lib.online_weighted_sum(t(5), t(4, 2), 2), ValueError,
+         r"v must have shape \(\.\.\., S, Dv\) with S = 5.*got \(4, 2\)"),
+        ("online_softmax_update: shapes", lambda: attn_lib.online_softmax_update(t(2), t(2), t(3, 4)), ValueError,
+         r"piece .*\(3, 4\)"),
+        ("standard_attention_io: N 0", lambda: attn_lib.standard_attention_io(0, 4), ValueError, r"N must be a positive int, got 0"),
+        ("flash_attention_io: M < d", lambda: attn_lib.flash_attention_io(16, 8, 4), ValueError, r"on-chip memory M=4 must hold .* d=8"),
+        ("tiled_attention_io: block_m 0", lambda: attn_lib.tiled_attention_io(16, 16, 8, 0, 4), ValueError, r"block_m must be a positive int, got 0"),
+        ("io_model.score_matrix_bytes: L < 0", lambda: io_model.score_matrix_bytes(1, 1, -1, 3), ValueError, r"L must be"),
+    ]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
+def test_bad_input_gives_clear_error(row):
+    _, call, exc, pattern = row
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_every_public_function_has_a_row():
+    """Each callable that attn_lib exports (and numpy_ref / plotting's public plotting
+    functions) appears in the table."""
+    ids = " ".join(r[0] for r in ROWS)
+    public = [n for n in attn_lib.__all__ if callable(getattr(attn_lib, n)) and not isinstance(getattr(attn_lib, n), dict)]
+    exempt = {"cuda_available", "default_device", "try_gpu", "assert_close", "count_parameters",
+              "IOCounter"}  # nothing to get wrong / a tally with no inputs to check
+    missing = [n for n in public if n not in exempt and f"{n}:" not in ids]
+    missing += [f"numpy {n}" for n in ("attention", "softmax", "causal_mask") if f"numpy {n}:" not in ids]
+    missing += [n for n in ("show_heatmap", "show_heatmaps", "bar_scores") if f"{n}:" not in ids]
+    assert not missing, f"no bad-input row for: {missing}"

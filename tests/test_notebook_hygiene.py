@@ -1,0 +1,98 @@
+"""Every committed notebook looks like it was just run top to bottom in a clean kernel.
+
+nbval (the main `pytest` run) re-executes the notebooks and compares outputs; these checks
+catch what nbval does not: stderr or error outputs, cells run out of order or not at all
+(counts must be exactly 1..n in cell order), a missing set-up cell, and printed floats with
+so many digits that they may differ between machines, thread counts, or CPU and GPU.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
+
+# Raw float reprs (e.g. 0.28000000119209290 from float32 .item()) carry 10+ decimals; a cell
+# that prints such digits on purpose (an exactly reproducible IEEE example such as 0.1 + 0.2)
+# says so with the comment "# NBVAL_EXACT_DIGITS".
+LONG_FLOAT = re.compile(r"\d\.\d{10,}")
+IGNORE_MARKERS = ("# NBVAL_IGNORE_OUTPUT", "# NBVAL_SKIP", "# NBVAL_EXACT_DIGITS")
+IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
+
+params = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+
+
+def _code_cells(path: Path):
+    nb = nbformat.read(path, as_version=4)
+    return nb, [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
+
+def _output_text(out) -> str:
+    if out.get("output_type") == "stream":
+        text = out.get("text", "")
+    else:
+        text = out.get("data", {}).get("text/plain", "")
+    return "".join(text) if isinstance(text, list) else text
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "no chapters/*.ipynb found"
+
+
+@params
+def test_execution_counts_are_1_to_n_in_order(path):
+    """Every code cell ran, once, in order, in one fresh kernel (no empty code cells either:
+    the executor skips them and would leave a gap)."""
+    _, cells = _code_cells(path)
+    problems = []
+    for n, (i, cell) in enumerate(cells, start=1):
+        if not cell.source.strip():
+            problems.append(f"cell {i}: empty code cell (delete it)")
+        elif cell.execution_count != n:
+            problems.append(f"cell {i}: execution_count {cell.execution_count}, expected {n}")
+    assert not problems, f"{path.name} was not run top to bottom (scripts/run_notebooks.py):\n" + "\n".join(problems)
+
+
+@params
+def test_no_stderr_and_no_errors(path):
+    _, cells = _code_cells(path)
+    problems = []
+    for i, cell in cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                problems.append(f"cell {i}: error output {out.get('ename')}: {out.get('evalue', '')[:200]}")
+            elif out.get("name") == "stderr":
+                problems.append(f"cell {i}: stderr output {_output_text(out)[:200]!r}")
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+@params
+def test_first_code_cell_is_the_setup_cell(path):
+    nb, cells = _code_cells(path)
+    assert cells, f"{path.name} has no code cells"
+    assert cells[0][1].source.rstrip("\n") == SETUP_CELL.rstrip("\n"), (
+        f"{path.name}: the first code cell must be scripts/setup_cell.py verbatim")
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec must be python3"
+
+
+@params
+def test_checked_outputs_print_rounded_numbers(path):
+    """Outputs nbval compares must not contain unrounded floats (10+ decimals): their last
+    digits depend on summation order, which depends on threads, BLAS and CPU vs GPU."""
+    _, cells = _code_cells(path)
+    problems = []
+    for i, cell in cells:
+        first = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
+        if any(m in cell.source for m in IGNORE_MARKERS[2:]) or first.startswith(IGNORE_MARKERS[:2]):
+            continue
+        if IGNORE_TAGS & set(cell.metadata.get("tags", [])):
+            continue
+        for out in cell.get("outputs", []):
+            for m in LONG_FLOAT.finditer(_output_text(out)):
+                problems.append(f"cell {i}: {m.group(0)!r} — round it (e.g. f'{{x:.4f}}')")
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
