@@ -52,6 +52,16 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
 
 
+def _checked_inputs(query, key, value, d_model: int, dtype: torch.dtype):
+    """key and value default to query (self-attention); check all three, return (key, value)."""
+    key = query if key is None else key
+    value = key if value is None else value
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        check_sequence_input(name, t, d_model, dtype)
+    _check_key_value(query, key, value)
+    return key, value
+
+
 def _check_key_value(query, key, value) -> None:
     B, L, _ = query.shape
     if key.shape[0] != B or value.shape[0] != B:
@@ -124,12 +134,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
         """
-        key = query if key is None else key
-        value = key if value is None else value
-        dtype = self.qkv.weight.dtype
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            check_sequence_input(name, t, self.d_model, dtype)
-        _check_key_value(query, key, value)
+        key, value = _checked_inputs(query, key, value, self.d_model, self.qkv.weight.dtype)
         q, k, v = self._project(query, key, value)  # (B,L,C), (B,S,C), (B,S,C)
         q = split_heads(q, self.num_heads)  # (B,L,C) -> (B,H,L,D)
         k = split_heads(k, self.num_heads)  # (B,S,C) -> (B,H,S,D)
@@ -186,12 +191,7 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
         """与 ``MultiHeadAttention.forward`` 相同的参数和返回值,只是一个头一个头地算。"""
-        key = query if key is None else key
-        value = key if value is None else value
-        dtype = self.out_proj.weight.dtype
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            check_sequence_input(name, t, self.d_model, dtype)
-        _check_key_value(query, key, value)
+        key, value = _checked_inputs(query, key, value, self.d_model, self.out_proj.weight.dtype)
         if isinstance(mask, torch.Tensor) and mask.ndim == 4:
             if mask.shape[1] not in (1, self.num_heads):
                 raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {self.num_heads}")
