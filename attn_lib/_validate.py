@@ -16,7 +16,14 @@ def _shape(x: Any) -> tuple:
 
 
 def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
-    """Raise ValueError unless ``x`` has exactly ``rank`` dimensions."""
+    """检查张量的维数:``x`` 必须正好是 ``rank`` 维,否则报 ValueError(并提示怎么补轴)。
+
+    Args:
+        name: the argument's name for the message, e.g. ``"q"``.
+        x: a torch tensor or numpy array.
+        rank: the required number of axes.
+        layout: the expected layout for the message, e.g. ``"(B, H, L, D)"``.
+    """
     if x.ndim != rank:
         hint = ""
         if rank == 4 and x.ndim == 2:
@@ -31,7 +38,14 @@ def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
 
 
 def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
-    """检查 q (B,H,L,D)、k (B,H,S,D)、v (B,H,S,Dv) 的形状是否相容,返回 (B, H, L, S, D, Dv)。"""
+    """检查 q (B,H,L,D)、k (B,H,S,D)、v (B,H,S,Dv) 的形状是否相容,返回 (B, H, L, S, D, Dv)。
+
+    Args:
+        q: (B, H, L, D); k: (B, H, S, D); v: (B, H, S, Dv) (torch tensors or numpy arrays).
+
+    Returns:
+        ``(B, H, L, S, D, Dv)`` as ints.
+    """
     check_rank("q", q, 4, "(B, H, L, D)")
     check_rank("k", k, 4, "(B, H, S, D)")
     check_rank("v", v, 4, "(B, H, S, Dv)")
@@ -59,7 +73,12 @@ def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, i
 
 
 def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:
-    """Raise TypeError unless every dtype is the same."""
+    """检查几个输入的精度是否相同,不同就报 TypeError。
+
+    Args:
+        names: the arguments' names, e.g. ``("q", "k", "v")``.
+        dtypes: their dtypes (torch or numpy), in the same order.
+    """
     if len(set(map(str, dtypes))) > 1:
         found = ", ".join(f"{n}={d}" for n, d in zip(names, dtypes))
         raise TypeError(
@@ -69,7 +88,12 @@ def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:
 
 
 def check_mask_shape(mask: Any, target: tuple) -> None:
-    """Raise ValueError unless ``mask`` broadcasts to ``target`` = (B, H, L, S) without growing it."""
+    """检查掩码形状:必须能广播到分数的形状 (B, H, L, S),且不能把它变大,否则报 ValueError。
+
+    Args:
+        mask: torch tensor or numpy array, e.g. (L, S), (B, 1, 1, S) or (B, H, L, S).
+        target: the scores' shape ``(B, H, L, S)``.
+    """
     shape = _shape(mask)
     if len(shape) > len(target):
         raise ValueError(
@@ -86,7 +110,14 @@ def check_mask_shape(mask: Any, target: tuple) -> None:
 
 
 def check_scale(scale: Any) -> float | None:
-    """Return ``scale`` as a float, or None; raise ValueError unless it is finite and > 0."""
+    """检查缩放系数:None 或一个有限的正数;返回 float(或 None),否则报 TypeError / ValueError。
+
+    Args:
+        scale: None (use 1/sqrt(D)) or a positive finite number.
+
+    Returns:
+        ``float(scale)`` or None.
+    """
     if scale is None:
         return None
     if isinstance(scale, bool):
@@ -103,14 +134,29 @@ def check_scale(scale: Any) -> float | None:
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """Raise ValueError unless ``value`` is an int >= 1 (block sizes, head counts, lengths)."""
+    """检查正整数参数(块大小、头数、长度):必须是 >= 1 的 int,否则报 ValueError;返回原值。
+
+    Args:
+        name: the argument's name for the message.
+        value: the value to check (bool is refused).
+
+    Returns:
+        ``value`` unchanged.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return value
 
 
 def check_last_dim(name: str, x: Any, expected: int, what: str) -> None:
-    """Raise ValueError unless the last axis of ``x`` has size ``expected`` (e.g. d_model)."""
+    """检查最后一维的大小(比如隐藏层维度 d_model),不相等就报 ValueError。
+
+    Args:
+        name: the argument's name for the message.
+        x: tensor or array (..., C).
+        expected: the required size of the last axis.
+        what: what ``expected`` is, for the message, e.g. ``"the layer's d_model"``.
+    """
     if x.shape[-1] != expected:
         raise ValueError(
             f"{name} has last dimension {int(x.shape[-1])} (shape {_shape(x)}), "
@@ -119,7 +165,15 @@ def check_last_dim(name: str, x: Any, expected: int, what: str) -> None:
 
 
 def check_divisible(d_model: int, num_heads: int) -> int:
-    """检查隐藏层维度能否被头数整除,返回每个头的维度 D = d_model // num_heads。"""
+    """检查隐藏层维度能否被头数整除,返回每个头的维度 D = d_model // num_heads。
+
+    Args:
+        d_model: hidden size C (positive int).
+        num_heads: H (positive int).
+
+    Returns:
+        The head dim ``D = C // H``.
+    """
     check_positive_int("d_model", d_model)
     check_positive_int("num_heads", num_heads)
     if d_model % num_heads:
@@ -130,3 +184,17 @@ def check_divisible(d_model: int, num_heads: int) -> int:
             f"(e.g. {lo or num_heads} or {lo + num_heads}) or a num_heads that divides {d_model}."
         )
     return d_model // num_heads
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """检查开关参数必须是 True 或 False(不把 "no"、1 之类当真),返回它。"""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def all_finite(t: Any) -> bool:
+    """张量里是否没有 nan / inf:先做一次 float64 求和(任何 nan/inf 都会让和不有限),只有和溢出时才逐元素检查。"""
+    import torch
+
+    return bool(torch.isfinite(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())

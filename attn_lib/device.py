@@ -29,7 +29,12 @@ def try_gpu(index: int = 0):
 
     forced = os.environ.get(ENV_VAR)
     if forced:
-        return torch.device(forced)
+        try:
+            return torch.device(forced)
+        except RuntimeError:
+            raise ValueError(
+                f"{ENV_VAR}={forced!r} is not a torch device; use e.g. 'cpu', 'cuda' or 'cuda:1', or unset it"
+            ) from None
     if cuda_available() and index < torch.cuda.device_count():
         return torch.device(f"cuda:{index}")
     return torch.device("cpu")

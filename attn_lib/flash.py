@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from ._validate import check_positive_int
+from ._validate import check_bool, check_positive_int
 from .flash_torch import check_key_padding_mask, flash_attention_torch
 from .reference import check_attention_inputs
 
@@ -148,13 +148,20 @@ def flash_attention_triton(q, k, v, *, causal: bool = False, scale: float | None
 
 
 def _check_common(causal, key_padding_mask, B, S, device) -> None:
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    check_bool("causal", causal)
     check_key_padding_mask(key_padding_mask, B, S, device)
 
 
 def choose_backend(q, backend: str = "auto") -> str:
-    """按 backend 参数和 q 所在设备决定用哪条路径:'torch' 或 'triton'。"""
+    """按 backend 参数和 q 所在设备决定用哪条路径:'torch' 或 'triton'。
+
+    Args:
+        q: the queries (only their device is looked at).
+        backend: ``"auto"``, ``"torch"`` or ``"triton"``.
+
+    Returns:
+        ``"torch"`` or ``"triton"``.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "auto":

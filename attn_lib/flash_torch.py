@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from ._validate import check_positive_int
+from ._validate import check_bool, check_positive_int
 from .masks import causal_mask
 from .reference import check_attention_inputs
 
@@ -43,7 +43,13 @@ DEFAULT_BLOCK_N = 256
 
 
 def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
-    """检查键填充掩码:必须是布尔张量,形状 (B, S),True = 这个键存在。"""
+    """检查键填充掩码:必须是布尔张量,形状 (B, S),True = 这个键存在。
+
+    Args:
+        key_padding_mask: None or a bool tensor (B, S).
+        B, S: batch size and number of keys of ``k``.
+        device: the device of q.
+    """
     if key_padding_mask is None:
         return
     if not isinstance(key_padding_mask, torch.Tensor):
@@ -83,6 +89,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     """
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
+    check_bool("causal", causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     scores = (q * scale) @ k.transpose(-2, -1)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
     if causal:
@@ -124,8 +131,7 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     block_m = DEFAULT_BLOCK_M if block_m is None else check_positive_int("block_m", block_m)
     block_n = DEFAULT_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    check_bool("causal", causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     work = _work_dtype(q.dtype)
     BH = B * H

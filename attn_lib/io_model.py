@@ -41,14 +41,17 @@ class IOCounter:
 
     @property
     def total_reads(self) -> int:
+        """读的元素总数(所有张量加起来)。"""
         return sum(self.reads.values())
 
     @property
     def total_writes(self) -> int:
+        """写的元素总数(所有张量加起来)。"""
         return sum(self.writes.values())
 
     @property
     def total(self) -> int:
+        """读加写的元素总数。"""
         return self.total_reads + self.total_writes
 
 
@@ -152,6 +155,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, ca
     """
     for name, value in (("block_m", block_m), ("block_n", block_n), ("d", d)):
         check_positive_int(name, value)
+    _check_counts(L=L, S=S)
     dv = d if dv is None else check_positive_int("dv", dv)
     kv_keys = 0  # keys loaded, summed over query blocks
     n_blocks = 0
@@ -200,13 +204,30 @@ def _check_counts(**sizes: int) -> None:
 
 
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:
-    """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节(训练时随长度平方增长)。"""
+    """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节(训练时随长度平方增长)。
+
+    Args:
+        B, H, L, S: batch, heads, queries, keys (ints >= 0).
+        bytes_per_element: 4 for float32, 2 for float16 / bfloat16.
+
+    Returns:
+        ``B * H * L * S * bytes_per_element`` (int).
+    """
     _check_counts(B=B, H=H, L=L, S=S, bytes_per_element=bytes_per_element)
     return B * H * L * S * bytes_per_element
 
 
 def kv_cache_bytes(num_layers: int, B: int, H: int, S: int, D: int, bytes_per_element: int = 2) -> int:
-    """生成时键值缓存占多少字节:每层存 K 和 V 各 (B, H, S, D),随长度线性增长。"""
+    """生成时键值缓存占多少字节:每层存 K 和 V 各 (B, H, S, D),随长度线性增长。
+
+    Args:
+        num_layers: number of layers.
+        B, H, S, D: batch, heads, cached length, head dim (ints >= 0).
+        bytes_per_element: 2 for float16 / bfloat16, 4 for float32.
+
+    Returns:
+        ``2 * num_layers * B * H * S * D * bytes_per_element`` (int).
+    """
     _check_counts(num_layers=num_layers, B=B, H=H, S=S, D=D, bytes_per_element=bytes_per_element)
     return 2 * num_layers * B * H * S * D * bytes_per_element
 

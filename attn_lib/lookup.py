@@ -1,6 +1,7 @@
 """字典类比:普通字典的精确查找(硬查找) vs 注意力的按比例混合(软查找)。"""
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 
@@ -22,6 +23,8 @@ def hard_lookup(query: str, table: Mapping[str, Any]) -> Any:
 def check_proportions(weights: Sequence[float], *, atol: float = 1e-9) -> None:
     """检查一组比例:每个都不小于 0,加起来等于 1;否则报 ValueError。"""
     ws = [float(w) for w in weights]
+    if not all(math.isfinite(w) for w in ws):
+        raise ValueError(f"proportions must be finite numbers, got {ws}")
     if any(w < 0 for w in ws):
         raise ValueError(f"proportions must be >= 0, got {ws}")
     if abs(sum(ws) - 1.0) > atol:
@@ -51,6 +54,8 @@ def soft_lookup(weights: Mapping[str, float] | Sequence[float], values: Mapping[
         return sum(weights[k] * values[k] for k in keys)
     ws = list(weights)
     check_proportions(ws)
+    if not hasattr(values, "__len__"):
+        raise TypeError(f"values must be a sequence or array of {len(ws)} values, got {type(values).__name__}")
     if len(ws) != len(values):
         raise ValueError(f"got {len(ws)} proportions for {len(values)} values")
     total = 0

@@ -91,9 +91,14 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
             )
         values = [int(n) for n in lengths.tolist()]
     else:
+        if isinstance(lengths, (numbers.Number, str)) or not hasattr(lengths, "__iter__"):
+            raise TypeError(
+                f"lengths must be a sequence of B ints (one per sentence), got {lengths!r}; "
+                f"for one sentence use [{lengths!r}]"
+            )
         values = list(lengths)
         for n in values:
-            if isinstance(n, bool) or not isinstance(n, int):
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral):
                 raise ValueError(f"lengths must contain ints, got {n!r} in {values!r}")
     if not values:
         raise ValueError("lengths is empty: need one length per sentence in the batch")
@@ -102,7 +107,7 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
     S = max(values) if S is None else check_positive_int("S", S)
     if max(values) > S:
         raise ValueError(f"a length exceeds the padded length S={S}: lengths={values}")
-    n = torch.tensor(values, device=device)  # (B,)
+    n = torch.tensor([int(v) for v in values], device=device)  # (B,)
     keep = torch.arange(S, device=device)[None, :] < n[:, None]  # (1,S) < (B,1) -> (B,S)
     return keep[:, None, None, :]  # (B,S) -> (B,1,1,S)
 
@@ -120,7 +125,7 @@ def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"mask must be a bool tensor (True = may attend), got {found}")
-    if not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype (it has to hold -inf), got {dtype}")
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # same shape as mask
     return zeros.masked_fill(~mask, float("-inf"))  # hidden -> -inf, visible -> 0

@@ -22,6 +22,11 @@ from .reference import attention
 from .self_attention import check_sequence_input
 
 
+def _check_tensor(x, layout: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+
+
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """把 (B, L, C) 的最后一维切成 H 个头,返回 (B, H, L, D),D = C / H。
 
@@ -32,6 +37,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Returns:
         A (B, H, L, D) view-based tensor: head h holds channels ``h*D .. (h+1)*D - 1``.
     """
+    _check_tensor(x, "(B, L, C)")
     check_rank("x", x, 3, "(B, L, C)")
     B, L, C = x.shape
     D = check_divisible(C, num_heads)
@@ -47,6 +53,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     Returns:
         (B, L, H*D).
     """
+    _check_tensor(x, "(B, H, L, D)")
     check_rank("x", x, 4, "(B, H, L, D)")
     B, H, L, D = x.shape
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
@@ -175,7 +182,15 @@ class LoopedMultiHeadAttention(nn.Module):
 
     @classmethod
     def from_fused(cls, fused: MultiHeadAttention) -> "LoopedMultiHeadAttention":
-        """从融合版复制参数:把 (3C, C) 的大矩阵按头切成 3H 个 (D, C) 的小矩阵。"""
+        """从融合版复制参数:把 (3C, C) 的大矩阵按头切成 3H 个 (D, C) 的小矩阵。
+
+        Args:
+            fused: a ``MultiHeadAttention``.
+
+        Returns:
+            A ``LoopedMultiHeadAttention`` with the same C, H, bias, is_causal, dtype and
+            weights, which computes the same output.
+        """
         C, H, D = fused.d_model, fused.num_heads, fused.head_dim
         has_bias = fused.qkv.bias is not None
         looped = cls(C, H, bias=has_bias, is_causal=fused.is_causal).to(fused.qkv.weight.dtype)
@@ -195,6 +210,7 @@ class LoopedMultiHeadAttention(nn.Module):
         if isinstance(mask, torch.Tensor) and mask.ndim == 4:
             if mask.shape[1] not in (1, self.num_heads):
                 raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {self.num_heads}")
+            # (B,H or 1,L,S) -> H x (B,1,L,S)
             head_masks = [mask[:, h if mask.shape[1] > 1 else 0][:, None] for h in range(self.num_heads)]
         else:
             head_masks = [mask] * self.num_heads
@@ -216,7 +232,14 @@ class LoopedMultiHeadAttention(nn.Module):
 
 
 def count_parameters(module: nn.Module) -> int:
-    """数一个模块里可训练参数的个数(所有参数张量的元素个数之和)。"""
+    """数一个模块里可训练参数的个数(所有参数张量的元素个数之和)。
+
+    Args:
+        module: any ``torch.nn.Module``.
+
+    Returns:
+        The number of trainable numbers (int).
+    """
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 

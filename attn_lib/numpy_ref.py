@@ -6,10 +6,11 @@ Same names, arguments, conventions and error messages as ``attn_lib.softmax`` an
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
-from ._validate import check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale
+from ._validate import check_bool, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale
 
 
 def _check_float_array(name: str, x) -> np.ndarray:
@@ -21,6 +22,8 @@ def _check_float_array(name: str, x) -> np.ndarray:
 
 
 def _normalize_dim(x: np.ndarray, dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"dim must be an int, got {dim!r}")
     n = max(x.ndim, 1)  # a 0-D array takes dim 0 or -1, as in the torch version
     if not -n <= dim < n:
         raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D array")
@@ -28,7 +31,15 @@ def _normalize_dim(x: np.ndarray, dim: int) -> int:
 
 
 def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出(教学用)。"""
+    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出(教学用)。
+
+    Args:
+        x: float array of any shape.
+        axis: the axis that becomes proportions.
+
+    Returns:
+        Array of ``x``'s shape (``nan`` where ``exp`` overflowed).
+    """
     _check_float_array("x", x)
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp(x)  # (...) -> (...)
@@ -53,7 +64,7 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
             "softmax of such a row is undefined. Only -inf is allowed (it means 'masked')."
         )
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
-        return softmax(x.reshape(1)).reshape(())
+        return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.copy()
     work = x.astype(np.float32) if x.dtype == np.float16 else x
@@ -65,7 +76,15 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
 
 
 def causal_mask(L: int, S: int | None = None) -> np.ndarray:
-    """因果掩码(numpy):布尔 (L, S),True = 可以看;左上角对齐,同 attn_lib.causal_mask。"""
+    """因果掩码(numpy):布尔 (L, S),True = 可以看;左上角对齐,同 attn_lib.causal_mask。
+
+    Args:
+        L: number of queries.
+        S: number of keys (default: ``L``).
+
+    Returns:
+        Bool array of shape (L, S).
+    """
     S = L if S is None else S
     for name, n in (("L", L), ("S", S)):
         if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0):
@@ -93,6 +112,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.size and not np.isfinite(t).all():
             raise ValueError(f"{name} contains nan or inf; attention would turn it into nan.")
+    check_bool("is_causal", is_causal)
     scale = check_scale(scale)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     work = np.float32 if q.dtype == np.float16 else q.dtype

@@ -74,6 +74,12 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor)
             f"piece must have shape (..., P) with ... = m's shape; got piece {tuple(piece.shape)}, "
             f"m {tuple(m.shape)}, l {tuple(l.shape)} (m and l must have the same shape)"
         )
+    check_scores_finite(piece, "piece")
+    return _update(m, l, piece)
+
+
+def _update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor):
+    """online_softmax_update without the checks (the caller has checked the whole row)."""
     m_new = torch.maximum(m, piece.amax(-1))  # (...,P) -> (...,)
     shift = _safe(m_new)  # (...,)
     alpha = torch.exp(m - shift)  # (...,) rescales what l already holds
@@ -108,7 +114,7 @@ def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
     _check_row(x)
     work, m, l = _start(x)
     for a, b in split_row(x.shape[-1], splits):
-        m, l = online_softmax_update(m, l, work[..., a:b])  # (...,b-a) -> (...,)
+        m, l = _update(m, l, work[..., a:b])  # (...,b-a) -> (...,)
     return m, l
 
 
@@ -160,6 +166,15 @@ def online_weighted_sum(x: torch.Tensor, v: torch.Tensor, splits: int | Sequence
     _check_float_tensor("v", v)
     if v.ndim < 2 or v.shape[-2] != x.shape[-1]:
         raise ValueError(f"v must have shape (..., S, Dv) with S = {x.shape[-1]} (x's last axis), got {tuple(v.shape)}")
+    try:
+        torch.broadcast_shapes(x.shape[:-1], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"v's leading axes {tuple(v.shape[:-2])} do not broadcast with x's {tuple(x.shape[:-1])} "
+            f"(x {tuple(x.shape)} is (..., S), v {tuple(v.shape)} is (..., S, Dv))"
+        ) from None
+    if v.numel() and not torch.isfinite(v).all():
+        raise ValueError("v contains nan or inf; the weighted sum would be nan. Check what produced it.")
     work, m, l = _start(x)
     vw = v.to(work.dtype)
     acc = torch.zeros(*work.shape[:-1], v.shape[-1], dtype=work.dtype, device=x.device)  # (...,Dv)

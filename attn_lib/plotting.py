@@ -239,7 +239,7 @@ def bar_scores(
     import matplotlib.pyplot as plt
 
     setup_chinese_font()
-    vals = to_numpy(values).reshape(-1)
+    vals = to_numpy(values).reshape(-1)  # (...) -> (S,)
     if len(labels) != len(vals):
         raise ValueError(f"got {len(labels)} labels for {len(vals)} values")
     if ax is None:

@@ -13,21 +13,24 @@ import math
 
 import torch
 
-from ._validate import check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale
+from ._validate import all_finite, check_bool, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale
 from .masks import causal_mask
 from .softmax import softmax
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _all_finite(t: torch.Tensor) -> bool:
-    # One float64 reduction instead of a boolean tensor: any nan/inf makes the sum non-finite.
-    # Only a sum that overflows float64 (values near 1e308) needs the exact elementwise check.
-    return bool(torch.isfinite(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())
-
-
 def check_attention_inputs(q, k, v, mask=None, scale=None):
-    """检查 attention 的全部输入,返回 (B, H, L, S, D, Dv) 和规范化后的 scale。"""
+    """检查 attention 的全部输入,返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
+
+    Args:
+        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv) float tensors of one dtype and device.
+        mask: None, or a bool / float tensor broadcastable to (B, H, L, S).
+        scale: None or a positive finite number.
+
+    Returns:
+        ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(
@@ -46,7 +49,7 @@ def check_attention_inputs(q, k, v, mask=None, scale=None):
     dims = check_qkv_shapes(q, k, v)
     B, H, L, S, _, _ = dims
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.numel() and not _all_finite(t):
+        if t.numel() and not all_finite(t):
             raise ValueError(
                 f"{name} contains nan or inf; attention would turn it into nan. "
                 "Check the layer that produced it (masks belong in `mask`, not in q/k/v)."
@@ -85,6 +88,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
         A query row that may see no key gets all-zero scores and a zero output.
     """
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, mask, scale)
+    check_bool("is_causal", is_causal)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     qw, kw, vw = q.to(work), k.to(work), v.to(work)

@@ -12,12 +12,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._validate import check_last_dim, check_positive_int, check_rank
+from ._validate import all_finite, check_last_dim, check_positive_int, check_rank
 from .reference import attention
 
 
 def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype) -> None:
-    """检查 (B, L, C) 形状的输入:是张量、是 3 维、最后一维等于 d_model、精度与参数相同。"""
+    """检查 (B, L, C) 形状的输入:是张量、是 3 维、最后一维等于 d_model、精度与参数相同。
+
+    Args:
+        name: the argument's name for the message, e.g. ``"query"``.
+        x: (B, L, C) float tensor without nan / inf.
+        d_model: the layer's C.
+        dtype: the dtype of the layer's parameters.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (B, L, C), got {type(x).__name__}")
     check_rank(name, x, 3, "(B, L, C)")
@@ -29,7 +36,7 @@ def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype) -> None
             f"{name} has dtype {x.dtype} but the layer's parameters are {dtype}; "
             f"convert one of them, e.g. layer.to({x.dtype}) or {name}.to({dtype})"
         )
-    if x.numel() and not torch.isfinite(x.sum(dtype=torch.float64)) and not torch.isfinite(x).all():
+    if x.numel() and not all_finite(x):
         raise ValueError(f"{name} contains nan or inf; the layer would turn it into nan. Check what produced it.")
 
 

@@ -7,6 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 
+def _check_arrays(what: str, **arrays: Any) -> None:
+    for name, x in arrays.items():
+        if not hasattr(x, "ndim") or not hasattr(x, "shape"):
+            raise TypeError(
+                f"{what}: {name} must be a numpy array or torch tensor, got {type(x).__name__}; "
+                "wrap it with np.asarray(...) or torch.tensor(...)"
+            )
+
+
 def _check_last_dim(a: Any, b: Any, what: str) -> None:
     if a.shape[-1] != b.shape[-1]:
         raise ValueError(
@@ -24,6 +33,7 @@ def dot(a: Any, b: Any) -> Any:
     Returns:
         A scalar.
     """
+    _check_arrays("dot", a=a, b=b)
     if a.ndim != 1 or b.ndim != 1:
         raise ValueError(f"dot expects two 1-D vectors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     _check_last_dim(a, b, "dot")
@@ -40,6 +50,7 @@ def dot_query_keys(q: Any, K: Any) -> Any:
     Returns:
         Scores of shape (S,).
     """
+    _check_arrays("dot_query_keys", q=q, K=K)
     if q.ndim != 1 or K.ndim != 2:
         raise ValueError(f"expects q of shape (D,) and K of shape (S, D), got {tuple(q.shape)} and {tuple(K.shape)}")
     _check_last_dim(q, K, "dot_query_keys")
@@ -56,6 +67,7 @@ def dot_all(Q: Any, K: Any) -> Any:
     Returns:
         Scores of shape (L, S).
     """
+    _check_arrays("dot_all", Q=Q, K=K)
     if Q.ndim != 2 or K.ndim != 2:
         raise ValueError(f"expects Q (L, D) and K (S, D), got {tuple(Q.shape)} and {tuple(K.shape)}")
     _check_last_dim(Q, K, "dot_all")
@@ -73,6 +85,12 @@ def euclidean_distance(Q: Any, K: Any) -> Any:
         Distances of shape (L, S) (or squeezed where an input was 1-D). Smaller = more alike,
         the opposite direction from the dot product.
     """
+    _check_arrays("euclidean_distance", Q=Q, K=K)
+    if Q.ndim not in (1, 2) or K.ndim not in (1, 2):
+        raise ValueError(
+            f"euclidean_distance expects Q (L, D) or (D,) and K (S, D) or (D,), "
+            f"got {tuple(Q.shape)} and {tuple(K.shape)}"
+        )
     _check_last_dim(Q, K, "euclidean_distance")
     q2 = Q[None, :] if Q.ndim == 1 else Q  # (D,) -> (1,D)
     k2 = K[None, :] if K.ndim == 1 else K  # (D,) -> (1,D)

@@ -18,6 +18,7 @@ Conventions of the stable version (the whole library follows them):
 """
 from __future__ import annotations
 
+import numbers
 import torch
 
 
@@ -29,7 +30,12 @@ def _check_float_tensor(name: str, x) -> None:
 
 
 def check_scores_finite(x: torch.Tensor, name: str = "x") -> None:
-    """分数里允许 -inf(表示被盖住),不允许 nan 和 +inf;违反时报 ValueError。"""
+    """分数里允许 -inf(表示被盖住),不允许 nan 和 +inf;违反时报 ValueError。
+
+    Args:
+        x: float tensor of scores, any shape.
+        name: the argument's name for the message.
+    """
     if x.numel() and (torch.isnan(x).any() or torch.isposinf(x).any()):
         n_nan = int(torch.isnan(x).sum())
         n_inf = int(torch.isposinf(x).sum())
@@ -40,6 +46,8 @@ def check_scores_finite(x: torch.Tensor, name: str = "x") -> None:
 
 
 def _normalize_dim(x: torch.Tensor, dim: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
+        raise TypeError(f"dim must be an int, got {dim!r}")
     n = max(x.ndim, 1)  # a 0-D tensor takes dim 0 or -1, as in torch.softmax
     if not -n <= dim < n:
         raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D tensor")
@@ -76,7 +84,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     dim = _normalize_dim(x, dim)
     check_scores_finite(x)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
-        return softmax(x.reshape(1)).reshape(())
+        return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.clone()
     work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x

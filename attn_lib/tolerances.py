@@ -56,7 +56,14 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def max_abs_error(actual: Any, expected: Any) -> float:
-    """两个数组(torch 或 numpy)之间的最大绝对误差,按 float64 计算。"""
+    """两个数组(torch 或 numpy)之间的最大绝对误差,按 float64 计算。
+
+    Args:
+        actual, expected: arrays or tensors of the same shape.
+
+    Returns:
+        ``max |actual - expected|`` as a float (0.0 for empty arrays).
+    """
     a, e = _to_numpy(actual), _to_numpy(expected)
     if a.shape != e.shape:
         raise ValueError(f"shapes differ: actual {a.shape} vs expected {e.shape}")

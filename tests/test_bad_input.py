@@ -40,6 +40,23 @@ def _nan(*shape, torch_=True):
     return x
 
 
+def _with_env(name, value, fn):
+    """Call fn() with the environment variable ``name`` set to ``value``, then restore it."""
+    import os
+
+    def call():
+        old = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return fn()
+        finally:
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return call
+
+
 def _inf(*shape, torch_=True):
     x = t(*shape) if torch_ else a(*shape)
     x[(0,) * len(shape)] = float("inf")
@@ -76,6 +93,7 @@ ROWS = [
     ("attention: scale bool", att(Q, Q, Q, scale=True), TypeError, r"scale must be a positive number or None, got True"),
     ("attention: nan in q", att(_nan(1, 1, 3, 4), Q, Q), ValueError, r"q contains nan or inf"),
     ("attention: inf in v", att(Q, Q, _inf(1, 1, 3, 4)), ValueError, r"v contains nan or inf"),
+    ("attention: is_causal not bool", att(Q, Q, Q, is_causal="no"), TypeError, r"is_causal must be True or False, got 'no'"),
     # --- numpy_ref.attention: the same rows, the same messages (numpy spelling) --------------------
     ("numpy attention: q 2-D", natt(a(3, 4), QN, QN), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D with shape \(3, 4\).*q\[None, None\]"),
     ("numpy attention: k 3-D", natt(QN, a(1, 3, 4), QN), ValueError, r"k must be 4-D \(B, H, S, D\), got 3-D.*unsqueeze\(1\)"),
@@ -93,6 +111,7 @@ ROWS = [
     ("numpy attention: scale 0", natt(QN, QN, QN, scale=0.0), ValueError, r"scale must be finite and > 0, got 0.0"),
     ("numpy attention: scale < 0", natt(QN, QN, QN, scale=-1), ValueError, r"scale must be finite and > 0"),
     ("numpy attention: nan in q", natt(_nan(1, 1, 3, 4, torch_=False), QN, QN), ValueError, r"q contains nan or inf"),
+    ("numpy attention: is_causal not bool", natt(QN, QN, QN, is_causal=1), TypeError, r"is_causal must be True or False, got 1"),
     ("numpy attention: inf in k", natt(QN, _inf(1, 1, 3, 4, torch_=False), QN), ValueError, r"k contains nan or inf"),
     # --- softmax (torch, numpy) ------------------------------------------------------------------
     ("softmax: list", lambda: attn_lib.softmax([1.0, 2.0]), TypeError, r"x must be a torch.Tensor, got list"),
@@ -100,6 +119,8 @@ ROWS = [
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError, r"dim=2 is out of range for a 2-D tensor"),
     ("softmax: nan", lambda: attn_lib.softmax(torch.tensor([0.0, float("nan")])), ValueError, r"x contains 1 nan and 0 \+inf entries.*Only -inf is allowed"),
     ("softmax: +inf", lambda: attn_lib.softmax(torch.tensor([0.0, float("inf")])), ValueError, r"x contains 0 nan and 1 \+inf entries"),
+    ("softmax: dim float", lambda: attn_lib.softmax(t(2, 3), dim=0.5), TypeError, r"dim must be an int, got 0.5"),
+    ("numpy softmax: dim float", lambda: numpy_ref.softmax(a(2, 3), dim=1.0), TypeError, r"dim must be an int, got 1.0"),
     ("naive_softmax: int tensor", lambda: attn_lib.naive_softmax(torch.tensor([1, 2])), TypeError, r"x must be a floating-point tensor"),
     ("numpy softmax: list", lambda: numpy_ref.softmax([1.0, 2.0]), TypeError, r"x must be a numpy.ndarray, got list"),
     ("numpy softmax: int array", lambda: numpy_ref.softmax(np.array([1, 2])), TypeError, r"x must be a floating-point array, got int64"),
@@ -115,9 +136,12 @@ ROWS = [
     ("padding_mask: negative length", lambda: attn_lib.padding_mask([3, -1]), ValueError, r"lengths must be >= 0, got \[3, -1\]"),
     ("padding_mask: length > S", lambda: attn_lib.padding_mask([3, 5], 4), ValueError, r"exceeds the padded length S=4: lengths=\[3, 5\]"),
     ("padding_mask: empty", lambda: attn_lib.padding_mask([]), ValueError, r"lengths is empty"),
+    ("padding_mask: a single int", lambda: attn_lib.padding_mask(3), TypeError, r"lengths must be a sequence of B ints .*got 3; for one sentence use \[3\]"),
     ("bool_to_additive: float mask", lambda: attn_lib.bool_to_additive(t(3)), TypeError, r"mask must be a bool tensor .*got torch.float32"),
     ("bool_to_additive: int dtype", lambda: attn_lib.bool_to_additive(torch.ones(3, dtype=torch.bool), torch.int64), TypeError,
      r"dtype must be a floating dtype .*got torch.int64"),
+    ("bool_to_additive: dtype str", lambda: attn_lib.bool_to_additive(torch.ones(3, dtype=torch.bool), "float32"), TypeError,
+     r"dtype must be a floating dtype .*got float32"),
     ("additive_to_bool: bool mask", lambda: attn_lib.additive_to_bool(torch.ones(2, dtype=torch.bool)), TypeError, r"mask must be a floating tensor .*got torch.bool"),
     ("additive_to_bool: not 0/-inf", lambda: attn_lib.additive_to_bool(torch.tensor([0.0, 1.0])), ValueError, r"neither 0 nor -inf \(e.g. 1.0\)"),
     # --- tolerances ------------------------------------------------------------------------------
@@ -126,12 +150,21 @@ ROWS = [
     ("hard_lookup: missing key", lambda: attn_lib.hard_lookup("fruit", {"apple": 10}), KeyError, r"exact key.*'fruit'"),
     ("soft_lookup: sum != 1", lambda: attn_lib.soft_lookup([0.5, 0.4], [1.0, 2.0]), ValueError, r"sum to 1"),
     ("soft_lookup: negative", lambda: attn_lib.soft_lookup([1.5, -0.5], [1.0, 2.0]), ValueError, r">= 0"),
+    ("soft_lookup: nan", lambda: attn_lib.soft_lookup([float("nan"), 0.5], [1.0, 2.0]), ValueError, r"proportions must be finite numbers, got \[nan, 0.5\]"),
+    ("soft_lookup: values a number", lambda: attn_lib.soft_lookup([1.0], 3.0), TypeError, r"values must be a sequence or array of 1 values, got float"),
     ("soft_lookup: count", lambda: attn_lib.soft_lookup([0.5, 0.5], [1.0, 2.0, 3.0]), ValueError, r"got 2 proportions for 3 values"),
     ("dot: lengths differ", lambda: attn_lib.dot(torch.zeros(3), torch.zeros(4)), ValueError, r"same length D, got 3 and 4"),
+    ("dot: list", lambda: attn_lib.dot([1.0, 2.0], torch.zeros(2)), TypeError, r"dot: a must be a numpy array or torch tensor, got list"),
     ("dot_query_keys: K 1-D", lambda: attn_lib.dot_query_keys(torch.zeros(3), torch.zeros(3)), ValueError, r"K of shape \(S, D\)"),
     ("euclidean_distance: lengths differ", lambda: attn_lib.euclidean_distance(torch.zeros(3), torch.zeros(2, 4)), ValueError,
      r"same length D, got 3 and 4"),
+    ("euclidean_distance: Q 3-D", lambda: attn_lib.euclidean_distance(torch.zeros(2, 3, 4), torch.zeros(3, 4)), ValueError,
+     r"expects Q \(L, D\) or \(D,\) and K \(S, D\) or \(D,\), got \(2, 3, 4\) and \(3, 4\)"),
     ("dot_all: Q 1-D", lambda: attn_lib.dot_all(torch.zeros(3), torch.zeros(2, 3)), ValueError, r"Q \(L, D\) and K \(S, D\)"),
+    # --- plotting --------------------------------------------------------------------------------
+    # --- device ----------------------------------------------------------------------------------
+    ("try_gpu: ATTN_LIB_DEVICE not a device", _with_env("ATTN_LIB_DEVICE", "gpu", attn_lib.try_gpu), ValueError,
+     r"ATTN_LIB_DEVICE='gpu' is not a torch device"),
     # --- plotting --------------------------------------------------------------------------------
     ("show_heatmap: 1-D", lambda: plotting.show_heatmap(a(3)), ValueError, r"show_heatmap needs a 2-D \(L, S\) matrix, got shape \(3,\)"),
     ("show_heatmap: 3-D", lambda: plotting.show_heatmap(a(2, 3, 4)), ValueError, r"got shape \(2, 3, 4\); pick one head"),
@@ -180,6 +213,8 @@ if hasattr(attn_lib, "MultiHeadAttention"):
          r"w_q and w_k must have the same number of columns d_k, got 3 and 2"),
         ("split_heads: C % H", lambda: split_heads(X, 3), ValueError, r"d_model=8 is not divisible by num_heads=3"),
         ("split_heads: x 2-D", lambda: split_heads(t(3, 8), 2), ValueError, r"x must be 3-D \(B, L, C\), got 2-D"),
+        ("split_heads: numpy", lambda: split_heads(a(2, 3, 8), 2), TypeError, r"x must be a torch.Tensor of shape \(B, L, C\), got ndarray"),
+        ("merge_heads: list", lambda: merge_heads([[1.0]]), TypeError, r"x must be a torch.Tensor of shape \(B, H, L, D\), got list"),
         ("merge_heads: x 2-D", lambda: merge_heads(t(3, 8)), ValueError, r"x must be 4-D \(B, H, L, D\), got 2-D"),
     ]
 
@@ -221,6 +256,8 @@ if hasattr(attn_lib, "flash_attention"):
          TypeError, r"float16, bfloat16 or float32; for float64 use backend='torch'"),
         ("flash_attention_triton: head dim > 256", fa(t(1, 1, 2, 300), t(1, 1, 2, 300), t(1, 1, 2, 4), fn=attn_lib.flash_attention_triton),
          ValueError, r"head dims up to 256, got D=300"),
+        ("naive_attention: causal not bool", fa(Q, Q, Q, fn=attn_lib.naive_attention, causal="yes"), TypeError,
+         r"causal must be True or False, got 'yes'"),
         ("naive_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4), fn=attn_lib.naive_attention), ValueError, r"k has S=3, v has S=2"),
         ("online_softmax: 0-D", lambda: attn_lib.online_softmax(torch.tensor(1.0), 2), ValueError, r"x must have at least one axis"),
         ("online_softmax: pieces", lambda: attn_lib.online_softmax(t(5), [2, 2]), ValueError, r"piece lengths \[2, 2\] sum to 4, but the row has 5"),
@@ -231,11 +268,18 @@ if hasattr(attn_lib, "flash_attention"):
         ("online_logsumexp: list", lambda: attn_lib.online_logsumexp([1.0], 2), TypeError, r"x must be a torch.Tensor, got list"),
         ("online_weighted_sum: v keys", lambda: attn_lib.online_weighted_sum(t(5), t(4, 2), 2), ValueError,
          r"v must have shape \(\.\.\., S, Dv\) with S = 5.*got \(4, 2\)"),
+        ("online_weighted_sum: nan in v", lambda: attn_lib.online_weighted_sum(t(3), _nan(3, 2), 2), ValueError, r"v contains nan or inf"),
+        ("online_weighted_sum: leading axes", lambda: attn_lib.online_weighted_sum(t(2, 3), t(5, 3, 2), 2), ValueError,
+         r"v's leading axes \(5,\) do not broadcast with x's \(2,\)"),
+        ("online_softmax_update: nan piece", lambda: attn_lib.online_softmax_update(t(2), t(2), _nan(2, 4)), ValueError,
+         r"piece contains 1 nan and 0 \+inf entries"),
         ("online_softmax_update: shapes", lambda: attn_lib.online_softmax_update(t(2), t(2), t(3, 4)), ValueError,
          r"piece .*\(3, 4\)"),
         ("standard_attention_io: N 0", lambda: attn_lib.standard_attention_io(0, 4), ValueError, r"N must be a positive int, got 0"),
         ("flash_attention_io: M < d", lambda: attn_lib.flash_attention_io(16, 8, 4), ValueError, r"on-chip memory M=4 must hold .* d=8"),
         ("tiled_attention_io: block_m 0", lambda: attn_lib.tiled_attention_io(16, 16, 8, 0, 4), ValueError, r"block_m must be a positive int, got 0"),
+        ("tiled_attention_io: L < 0", lambda: attn_lib.tiled_attention_io(-5, 16, 8, 4, 4), ValueError, r"L must be an int >= 0, got -5"),
+        ("tiled_attention_io: S float", lambda: attn_lib.tiled_attention_io(5, 16.0, 8, 4, 4), ValueError, r"S must be an int >= 0, got 16.0"),
         ("io_model.score_matrix_bytes: L < 0", lambda: io_model.score_matrix_bytes(1, 1, -1, 3), ValueError, r"L must be"),
     ]
 
