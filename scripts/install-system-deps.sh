@@ -2,9 +2,11 @@
 # System packages the tests need: Debian's Chromium (browser tests) and Noto CJK fonts
 # (Chinese in figures and in the browser). Installs only what is missing.
 set -euo pipefail
+# (No `grep -q` after a pipe: it exits at the first match, fc-list then dies of SIGPIPE, and
+# pipefail turns that into a failure.)
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
-fc-list 2>/dev/null | grep -q "Noto Sans CJK" || need+=(fonts-noto-cjk)
+fc-list 2>/dev/null | grep "Noto Sans CJK" >/dev/null || need+=(fonts-noto-cjk)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system packages: chromium and fonts-noto-cjk already present"
   exit 0
@@ -21,5 +23,5 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" fontcon
 fc-cache -f >/dev/null 2>&1 || true
 # Fail here, with the reason, rather than later in the browser tests.
 command -v chromium >/dev/null 2>&1 || { echo "chromium is still missing after apt-get install" >&2; exit 1; }
-fc-list 2>/dev/null | grep -q "Noto Sans CJK" || { echo "Noto Sans CJK is still missing after apt-get install fonts-noto-cjk" >&2; exit 1; }
+fc-list 2>/dev/null | grep "Noto Sans CJK" >/dev/null || { echo "Noto Sans CJK is still missing after apt-get install fonts-noto-cjk" >&2; exit 1; }
 echo "system packages: chromium and fonts-noto-cjk installed"
