@@ -157,4 +157,4 @@ def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
     return ~hidden
 
 
-__all__ = ["causal_mask", "padding_mask", "bool_to_additive", "additive_to_bool", "check_positive_int"]
+__all__ = ["causal_mask", "padding_mask", "bool_to_additive", "additive_to_bool"]
