@@ -154,9 +154,16 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 2
-    from attn_lib.flash import load_kernel
+    from attn_lib.flash import load_kernel, triton_mode
 
     kernel = load_kernel(interpret=False)
+    # The kernel is launched directly (to time it alone), so pin the compiled mode here in case
+    # the shell exports TRITON_INTERPRET=1.
+    with triton_mode(False):
+        return _run(args, argv, torch, kernel)
+
+
+def _run(args, argv, torch, kernel) -> int:
     check_kernel(torch, kernel)
     info = machine(torch)
     print(f"# {info['gpu']}, CUDA {info['cuda']}, torch {info['torch']}, triton {info['triton']}, {info['date']}")
