@@ -123,6 +123,12 @@ def test_dispatcher_runs_the_interpreter_on_cpu_tensors():
     assert type(load_kernel(True)._attn_fwd).__name__ == "InterpretedFunction"
 
 
+def _run_without_interpret_env(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter whose environment has no TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
 def test_interpreter_works_whatever_imported_triton_first():
     # torch itself imports triton in GPU mode in some code paths (e.g. TorchDispatchMode);
     # attn_lib's interpreted kernel has its own copy of Triton and still runs, and the
@@ -137,8 +143,7 @@ def test_interpreter_works_whatever_imported_triton_first():
         "print(type(sys.modules['triton.language.standard'].zeros).__name__)\n"
         "print(sys.modules['triton'] is triton, 'TRITON_INTERPRET' in os.environ)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    res = _run_without_interpret_env(code)
     assert res.stdout.split() == ["True", "JITFunction", "True", "False"], res.stdout + res.stderr
 
 
@@ -152,8 +157,7 @@ def test_interpreter_does_not_leak_into_later_triton_imports():
         "import triton.language\n"
         "print(type(triton.language.standard.zeros).__name__)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    res = _run_without_interpret_env(code)
     assert res.stdout.split() == ["False", "False", "JITFunction"], res.stdout + res.stderr
 
 

@@ -20,7 +20,7 @@ register(Exercise(
     id="06-1",
     question="主走查里把「打翻」盖住以后,「它」分给「水」的注意力分数精确到 4 位小数是多少?",
     answer=_masked_water_weight(),
-    hint="分数 3.0 / 0.6 / -inf 做 Softmax:e^3.0 ÷ (e^3.0 + e^0.6)。书里的 0.92 是四舍五入到两位的结果。",
+    hint="分数 3.0 / 0.6 / -inf 做 Softmax:e^3.0 ÷ (e^3.0 + e^0.6)。原章的 0.92 是四舍五入到两位的结果。",
     atol=5e-4,
     wrong_example=we.SOURCE_PRINTED["masked_weights"][0],
 ))
