@@ -1,4 +1,4 @@
-"""第 09 章(证据、边界与可带走的)的练习。答案都由代码算出。"""
+"""第 11 章(证据、边界与可带走的)的练习。答案都由代码算出。"""
 from __future__ import annotations
 
 import torch
@@ -33,7 +33,7 @@ def _pooled_changes_when_reversed() -> bool:
 
 
 register(Exercise(
-    id="09-1",
+    id="11-1",
     question=f"序列长度从 {SHORT} 变成 {LONG},一个头的注意力分数矩阵的元素个数变成原来的几倍?",
     answer=_score_entries(LONG) // _score_entries(SHORT),
     hint="分数矩阵是 L × L:长度乘 4,行数和列数各乘 4。",
@@ -41,7 +41,7 @@ register(Exercise(
 ))
 
 register(Exercise(
-    id="09-2",
+    id="11-2",
     question=f"生成文字时,序列长度从 {SHORT} 变成 {LONG},KV 缓存要存的数变成原来的几倍?",
     answer=_kv_cache_entries(LONG) // _kv_cache_entries(SHORT),
     hint="KV 缓存给每个已生成的标记存一份键和一份值,长度乘几,它就乘几。",
@@ -49,7 +49,7 @@ register(Exercise(
 ))
 
 register(Exercise(
-    id="09-3",
+    id="11-3",
     question="不带掩码的自注意力:把「我喜欢你」倒过来排成「你喜欢我」,对所有位置求平均得到的句向量会变吗?(填 True 或 False)",
     answer=_pooled_changes_when_reversed(),
     hint="打乱输入只会把输出按同样的方式打乱;求平均不看顺序。",
