@@ -1,4 +1,4 @@
-"""attn_lib:注意力机制可执行章节的配套库。
+"""attn_lib：注意力机制可执行章节的配套库。
 
 Layout everywhere: (B, H, L, D) as in ``torch.nn.functional.scaled_dot_product_attention``
 (B batch, H heads, L queries, S keys, D head dim). One module per concept; every fast path

@@ -1,4 +1,4 @@
-"""输入检查:每条报错都说清是哪个参数、期望什么、实际拿到什么、怎么改。
+"""输入检查：每条报错都说清是哪个参数、期望什么、实际拿到什么、怎么改。
 
 Shared by every attention path (numpy, torch reference, multi-head, tiled, Triton), so the
 same bad input gets the same message whichever path a reader calls. Works on anything with
@@ -16,7 +16,7 @@ def _shape(x: Any) -> tuple:
 
 
 def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
-    """检查张量的维数:``x`` 必须正好是 ``rank`` 维,否则报 ValueError(并提示怎么补轴)。
+    """检查张量的维数：``x`` 必须正好是 ``rank`` 维，否则报 ValueError（并提示怎么补轴）。
 
     Args:
         name: the argument's name for the message, e.g. ``"q"``.
@@ -38,7 +38,7 @@ def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
 
 
 def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
-    """检查 q (B,H,L,D)、k (B,H,S,D)、v (B,H,S,Dv) 的形状是否相容,返回 (B, H, L, S, D, Dv)。
+    """检查 q (B,H,L,D)、k (B,H,S,D)、v (B,H,S,Dv) 的形状是否相容，返回 (B, H, L, S, D, Dv)。
 
     Args:
         q: (B, H, L, D); k: (B, H, S, D); v: (B, H, S, Dv) (torch tensors or numpy arrays).
@@ -73,7 +73,7 @@ def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, i
 
 
 def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:
-    """检查几个输入的精度是否相同,不同就报 TypeError。
+    """检查几个输入的精度是否相同，不同就报 TypeError。
 
     Args:
         names: the arguments' names, e.g. ``("q", "k", "v")``.
@@ -88,7 +88,7 @@ def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:
 
 
 def check_mask_shape(mask: Any, target: tuple) -> None:
-    """检查掩码形状:必须能广播到分数的形状 (B, H, L, S),且不能把它变大,否则报 ValueError。
+    """检查掩码形状：必须能广播到分数的形状 (B, H, L, S)，且不能把它变大，否则报 ValueError。
 
     Args:
         mask: torch tensor or numpy array, e.g. (L, S), (B, 1, 1, S) or (B, H, L, S).
@@ -110,7 +110,7 @@ def check_mask_shape(mask: Any, target: tuple) -> None:
 
 
 def check_scale(scale: Any) -> float | None:
-    """检查缩放系数:None 或一个有限的正数;返回 float(或 None),否则报 TypeError / ValueError。
+    """检查缩放系数：None 或一个有限的正数；返回 float（或 None），否则报 TypeError / ValueError。
 
     Args:
         scale: None (use 1/sqrt(D)) or a positive finite number.
@@ -134,7 +134,7 @@ def check_scale(scale: Any) -> float | None:
 
 
 def check_positive_int(name: str, value: Any) -> int:
-    """检查正整数参数(块大小、头数、长度):必须是 >= 1 的 int,否则报 ValueError;返回原值。
+    """检查正整数参数（块大小、头数、长度）：必须是 >= 1 的 int，否则报 ValueError；返回原值。
 
     Args:
         name: the argument's name for the message.
@@ -149,7 +149,7 @@ def check_positive_int(name: str, value: Any) -> int:
 
 
 def check_last_dim(name: str, x: Any, expected: int, what: str) -> None:
-    """检查最后一维的大小(比如隐藏层维度 d_model),不相等就报 ValueError。
+    """检查最后一维的大小（比如隐藏层维度 d_model），不相等就报 ValueError。
 
     Args:
         name: the argument's name for the message.
@@ -165,7 +165,7 @@ def check_last_dim(name: str, x: Any, expected: int, what: str) -> None:
 
 
 def check_divisible(d_model: int, num_heads: int) -> int:
-    """检查隐藏层维度能否被头数整除,返回每个头的维度 D = d_model // num_heads。
+    """检查隐藏层维度能否被头数整除，返回每个头的维度 D = d_model // num_heads。
 
     Args:
         d_model: hidden size C (positive int).
@@ -187,14 +187,14 @@ def check_divisible(d_model: int, num_heads: int) -> int:
 
 
 def check_bool(name: str, value: Any) -> bool:
-    """检查开关参数必须是 True 或 False(不把 "no"、1 之类当真),返回它。"""
+    """检查开关参数必须是 True 或 False（不把 "no"、1 之类当真），返回它。"""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
 def all_finite(t: Any) -> bool:
-    """张量里是否没有 nan / inf:先做一次 float64 求和(任何 nan/inf 都会让和不有限),只有和溢出时才逐元素检查。"""
+    """张量里是否没有 nan / inf：先做一次 float64 求和（任何 nan/inf 都会让和不有限），只有和溢出时才逐元素检查。"""
     import torch
 
     return bool(torch.isfinite(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())

@@ -1,4 +1,4 @@
-"""设备选择只在这一处:有 GPU 用 GPU,没有就用 CPU;导入本模块不会触碰 CUDA。
+"""设备选择只在这一处：有 GPU 用 GPU，没有就用 CPU；导入本模块不会触碰 CUDA。
 
 Set ``ATTN_LIB_DEVICE=cpu`` (or ``cuda``, ``cuda:1``) to override the choice everywhere.
 """
@@ -10,14 +10,14 @@ ENV_VAR = "ATTN_LIB_DEVICE"
 
 
 def cuda_available() -> bool:
-    """本机是否有可用的 CUDA GPU(只查询,不初始化 CUDA 上下文)。"""
+    """本机是否有可用的 CUDA GPU（只查询，不初始化 CUDA 上下文）。"""
     import torch
 
     return bool(torch.cuda.is_available())
 
 
 def try_gpu(index: int = 0):
-    """有第 ``index`` 块 GPU 就返回它,否则返回 CPU;环境变量 ATTN_LIB_DEVICE 优先。
+    """有第 ``index`` 块 GPU 就返回它，否则返回 CPU；环境变量 ATTN_LIB_DEVICE 优先。
 
     Args:
         index: which CUDA device to prefer.
@@ -41,15 +41,15 @@ def try_gpu(index: int = 0):
 
 
 def default_device():
-    """全书默认设备:等同于 ``try_gpu()``。"""
+    """全书默认设备：等同于 ``try_gpu()``。"""
     return try_gpu()
 
 
 def describe_device(device=None) -> str:
-    """用一行中文描述设备(用于未检查的单元格;打印结果因机器而异)。"""
+    """用一行中文描述设备（用于未检查的单元格；打印结果因机器而异）。"""
     import torch
 
     device = torch.device(device) if device is not None else default_device()
     if device.type == "cuda":
         return f"GPU: {torch.cuda.get_device_name(device)}"
-    return f"CPU(torch {torch.__version__},{torch.get_num_threads()} 个线程)"
+    return f"CPU（torch {torch.__version__},{torch.get_num_threads()} 个线程）"

@@ -1,4 +1,4 @@
-"""FlashAttention 的唯一入口:按设备在纯 torch 分块实现和 Triton 核函数之间选一个,结果与 attn_lib.attention 相同。
+"""FlashAttention 的唯一入口：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
 
 ``flash_attention(q, k, v, causal=..., scale=..., key_padding_mask=..., backend=...)``
 
@@ -31,13 +31,13 @@ _kernels: dict = {}
 
 
 def triton_available() -> bool:
-    """本机能否导入 Triton(只查找,不导入)。"""
+    """本机能否导入 Triton（只查找，不导入）。"""
     return importlib.util.find_spec("triton") is not None
 
 
 @contextlib.contextmanager
 def triton_mode(interpret: bool):
-    """在这段代码里把 TRITON_INTERPRET 设成 1(解释器)或 0(GPU 编译),结束后恢复原值。"""
+    """在这段代码里把 TRITON_INTERPRET 设成 1（解释器）或 0（GPU 编译），结束后恢复原值。"""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
@@ -94,7 +94,7 @@ def _import_kernel(name: str, interpret: bool, private: dict | None):
 
 
 def load_kernel(interpret: bool):
-    """导入 Triton 核函数模块:interpret=True 时在 TRITON_INTERPRET=1 下导入(CPU 上用解释器运行)。
+    """导入 Triton 核函数模块：interpret=True 时在 TRITON_INTERPRET=1 下导入（CPU 上用解释器运行）。
 
     Triton decides when ``triton`` is first imported whether ``@triton.jit`` (its own library
     functions included) builds GPU kernels or interpreted Python, and torch itself sometimes
@@ -120,7 +120,7 @@ def load_kernel(interpret: bool):
 
 def flash_attention_triton(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
                            block_m: int | None = None, block_n: int | None = None):
-    """用 Triton 核函数算 FlashAttention 前向;CPU 张量走 Triton 解释器。返回 (out, lse)。
+    """用 Triton 核函数算 FlashAttention 前向；CPU 张量走 Triton 解释器。返回 (out, lse)。
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv); float16, bfloat16 or float32;
@@ -153,7 +153,7 @@ def _check_common(causal, key_padding_mask, B, S, device) -> None:
 
 
 def choose_backend(q, backend: str = "auto") -> str:
-    """按 backend 参数和 q 所在设备决定用哪条路径:'torch' 或 'triton'。
+    """按 backend 参数和 q 所在设备决定用哪条路径：'torch' 或 'triton'。
 
     Args:
         q: the queries (only their device is looked at).
@@ -172,7 +172,7 @@ def choose_backend(q, backend: str = "auto") -> str:
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
                     backend: str = "auto"):
-    """FlashAttention 前向:与 attn_lib.attention 结果相同,但不存整张分数矩阵。只返回输出。
+    """FlashAttention 前向：与 attn_lib.attention 结果相同，但不存整张分数矩阵。只返回输出。
 
     Args:
         q: queries, shape (B, H, L, D).

@@ -1,4 +1,4 @@
-"""分块 FlashAttention 前向(纯 torch,任何设备):一块查询配一块一块的键,在线 softmax,从不存下整张 L×S 分数矩阵。
+"""分块 FlashAttention 前向（纯 torch，任何设备）：一块查询配一块一块的键，在线 softmax，从不存下整张 L×S 分数矩阵。
 
 The algorithm is FlashAttention-2's forward pass, written with the names of the Triton
 fused-attention tutorial so the two read side by side (``attn_lib/flash_triton.py``):
@@ -43,7 +43,7 @@ DEFAULT_BLOCK_N = 256
 
 
 def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
-    """检查键填充掩码:必须是布尔张量,形状 (B, S),True = 这个键存在。
+    """检查键填充掩码：必须是布尔张量，形状 (B, S),True = 这个键存在。
 
     Args:
         key_padding_mask: None or a bool tensor (B, S).
@@ -73,7 +73,7 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None):
-    """朴素注意力:整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V(基准测试和误差规则的对照)。
+    """朴素注意力：整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V（基准测试和误差规则的对照）。
 
     Written the way a model does it without a fused kernel (and the way flash-attn's tests
     build their low-precision baseline): ``q @ kᵀ`` in the input dtype, softmax in float32,
@@ -104,7 +104,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
                           block_m: int | None = None, block_n: int | None = None, counter=None):
-    """分块 FlashAttention 前向(纯 torch):返回输出和每个查询的 log-sum-exp,不存整张分数矩阵。
+    """分块 FlashAttention 前向（纯 torch）：返回输出和每个查询的 log-sum-exp，不存整张分数矩阵。
 
     Same semantics as ``attn_lib.attention(q, k, v, is_causal=causal, mask=...)`` with a key
     padding mask given as ``mask = key_padding_mask[:, None, None, :]``.

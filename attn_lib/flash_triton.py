@@ -1,4 +1,4 @@
-"""FlashAttention 前向的 Triton 核函数:与 attn_lib/flash_torch.py 同一个算法,一个程序实例算一块查询。
+"""FlashAttention 前向的 Triton 核函数：与 attn_lib/flash_torch.py 同一个算法，一个程序实例算一块查询。
 
 Do not import this module directly: ``attn_lib.flash.flash_attention_triton`` loads it lazily,
 under ``TRITON_INTERPRET=1`` when the tensors are not on a CUDA device (the interpreter runs
@@ -174,7 +174,7 @@ def _smem_bytes(elem: int, block_m: int, block_n: int, num_stages: int, block_d:
 
 
 def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool) -> list:
-    """按头维度和精度列出可用的块大小与 warp 数(从快到稳;一套固定候选,不做自动调优)。"""
+    """按头维度和精度列出可用的块大小与 warp 数（从快到稳；一套固定候选，不做自动调优）。"""
     block_d, block_dv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
     if interpret:  # numpy on the CPU: one program per 32 queries keeps the padding waste low
         return [dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4, num_stages=1)]
@@ -190,13 +190,13 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool) -> l
 
 
 def default_config(D: int, Dv: int, dtype: torch.dtype, interpret: bool) -> dict:
-    """首选配置:candidate_configs 的第一个。"""
+    """首选配置：candidate_configs 的第一个。"""
     return candidate_configs(D, Dv, dtype, interpret)[0]
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, causal: bool, scale: float,
            *, interpret: bool, block_m: int | None = None, block_n: int | None = None):
-    """启动核函数(输入已由 attn_lib.flash 检查过)。返回 (out (B,H,L,Dv), lse (B,H,L) float32)。"""
+    """启动核函数（输入已由 attn_lib.flash 检查过）。返回 (out (B,H,L,Dv), lse (B,H,L) float32)。"""
     B, H, L, D = q.shape
     S, Dv = k.shape[2], v.shape[3]
     if max(D, Dv) > MAX_HEAD_DIM:

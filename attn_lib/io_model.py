@@ -1,4 +1,4 @@
-"""访存模型:数一数标准注意力和分块注意力各要读写多少次慢速显存(HBM),单位是「元素个数」。
+"""访存模型：数一数标准注意力和分块注意力各要读写多少次慢速显存（HBM），单位是「元素个数」。
 
 Counts follow the FlashAttention paper (Dao et al. 2022, arXiv 2205.14135) for one head
 (one (b, h) pair) with N queries, N keys and head dim d; M is the size of the fast on-chip
@@ -26,27 +26,27 @@ from ._validate import check_positive_int
 
 @dataclass
 class IOCounter:
-    """记账本:分块实现每从慢速显存读(load)或写(store)一块,就记下元素个数。"""
+    """记账本：分块实现每从慢速显存读（load）或写（store）一块，就记下元素个数。"""
 
     reads: dict = field(default_factory=dict)
     writes: dict = field(default_factory=dict)
 
     def load(self, name: str, n: int) -> None:
-        """记一次读:``name`` 是哪个张量(Q、K、V、mask),``n`` 是元素个数。"""
+        """记一次读：``name`` 是哪个张量（Q、K、V、mask），``n`` 是元素个数。"""
         self.reads[name] = self.reads.get(name, 0) + int(n)
 
     def store(self, name: str, n: int) -> None:
-        """记一次写:``name`` 是哪个张量(O、lse),``n`` 是元素个数。"""
+        """记一次写：``name`` 是哪个张量（O、lse），``n`` 是元素个数。"""
         self.writes[name] = self.writes.get(name, 0) + int(n)
 
     @property
     def total_reads(self) -> int:
-        """读的元素总数(所有张量加起来)。"""
+        """读的元素总数（所有张量加起来）。"""
         return sum(self.reads.values())
 
     @property
     def total_writes(self) -> int:
-        """写的元素总数(所有张量加起来)。"""
+        """写的元素总数（所有张量加起来）。"""
         return sum(self.writes.values())
 
     @property
@@ -61,7 +61,7 @@ def _result(reads: dict, writes: dict) -> dict:
 
 
 def standard_attention_io(N: int, d: int) -> dict:
-    """标准注意力(论文 Algorithm 0)对慢速显存的读写次数,单位:元素。
+    """标准注意力（论文 Algorithm 0）对慢速显存的读写次数，单位：元素。
 
     1. read Q, K (Nd each), write S = QKᵀ (N²);
     2. read S, write P = softmax(S) (N² each);
@@ -82,7 +82,7 @@ def standard_attention_io(N: int, d: int) -> dict:
 
 
 def block_sizes(d: int, M: int) -> tuple[int, int]:
-    """论文 Algorithm 1 的块大小:Bc = ceil(M / 4d),Br = min(Bc, d)。返回 (Br, Bc)。
+    """论文 Algorithm 1 的块大小：Bc = ceil(M / 4d),Br = min(Bc, d)。返回 (Br, Bc)。
 
     Args:
         d: head dim.
@@ -97,7 +97,7 @@ def block_sizes(d: int, M: int) -> tuple[int, int]:
 
 
 def flash_attention_io(N: int, d: int, M: int) -> dict:
-    """FlashAttention(论文 Algorithm 1)对慢速显存的读写次数,单位:元素。
+    """FlashAttention（论文 Algorithm 1）对慢速显存的读写次数，单位：元素。
 
     Step 2 writes the initial O (Nd), ℓ and m (N each). The outer loop over Tc = ceil(N/Bc)
     key blocks loads K_j, V_j once each (2Nd in all); for every key block the inner loop over
@@ -123,7 +123,7 @@ def flash_attention_io(N: int, d: int, M: int) -> dict:
 
 
 def tiled_block_sizes(d: int, M: int) -> tuple[int, int]:
-    """本书分块实现(查询块在外层)按片上内存 M 选块:BLOCK_M = ceil(M / 4d),BLOCK_N = min(BLOCK_M, d)。
+    """本书分块实现（查询块在外层）按片上内存 M 选块：BLOCK_M = ceil(M / 4d),BLOCK_N = min(BLOCK_M, d)。
 
     The roles of the paper's Br and Bc swap with the loops: Q_i and acc (BLOCK_M x d each)
     take half of M, K_j and V_j (BLOCK_N x d) at most half, the score tile BLOCK_M x BLOCK_N
@@ -135,7 +135,7 @@ def tiled_block_sizes(d: int, M: int) -> tuple[int, int]:
 
 def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, causal: bool = False,
                        dv: int | None = None, key_padding_mask: bool = False) -> dict:
-    """本书分块实现(查询块在外层,与 Triton 核函数同一顺序)对慢速显存的读写次数,单位:元素。
+    """本书分块实现（查询块在外层，与 Triton 核函数同一顺序）对慢速显存的读写次数，单位：元素。
 
     For each query block ``[m0, m1)``: load Q_i once; stream the key blocks that some query
     of the block may see (all S keys, or the first ``min(S, m1)`` when causal, top-left
@@ -173,7 +173,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, ca
 
 
 def largest_tensor(fn, *args, **kwargs):
-    """运行 fn(*args, **kwargs),返回 (结果, 运行中新建的最大张量的元素个数)。
+    """运行 fn(*args, **kwargs)，返回（结果，运行中新建的最大张量的元素个数）。
 
     Every aten operation's output is inspected (``torch.utils._python_dispatch``), so the
     count does not depend on the allocator, the device or the thread count: naive attention
@@ -204,7 +204,7 @@ def _check_counts(**sizes: int) -> None:
 
 
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:
-    """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节(训练时随长度平方增长)。
+    """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节（训练时随长度平方增长）。
 
     Args:
         B, H, L, S: batch, heads, queries, keys (ints >= 0).
@@ -218,7 +218,7 @@ def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 
 
 
 def kv_cache_bytes(num_layers: int, B: int, H: int, S: int, D: int, bytes_per_element: int = 2) -> int:
-    """生成时键值缓存占多少字节:每层存 K 和 V 各 (B, H, S, D),随长度线性增长。
+    """生成时键值缓存占多少字节：每层存 K 和 V 各 (B, H, S, D)，随长度线性增长。
 
     Args:
         num_layers: number of layers.

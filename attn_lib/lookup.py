@@ -1,4 +1,4 @@
-"""字典类比:普通字典的精确查找(硬查找) vs 注意力的按比例混合(软查找)。"""
+"""字典类比：普通字典的精确查找（硬查找）vs 注意力的按比例混合（软查找）。"""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 
 def hard_lookup(query: str, table: Mapping[str, Any]) -> Any:
-    """精确匹配:query 必须和某个键完全相等,否则报 KeyError。
+    """精确匹配：query 必须和某个键完全相等，否则报 KeyError。
 
     Args:
         query: the key to look up.
@@ -21,7 +21,7 @@ def hard_lookup(query: str, table: Mapping[str, Any]) -> Any:
 
 
 def check_proportions(weights: Sequence[float], *, atol: float = 1e-9) -> None:
-    """检查一组比例:每个都不小于 0,加起来等于 1;否则报 ValueError。"""
+    """检查一组比例：每个都不小于 0，加起来等于 1；否则报 ValueError。"""
     ws = [float(w) for w in weights]
     if not all(math.isfinite(w) for w in ws):
         raise ValueError(f"proportions must be finite numbers, got {ws}")
@@ -32,7 +32,7 @@ def check_proportions(weights: Sequence[float], *, atol: float = 1e-9) -> None:
 
 
 def soft_lookup(weights: Mapping[str, float] | Sequence[float], values: Mapping[str, Any] | Any) -> Any:
-    """软查找:按比例给每个值加权再相加,结果 = Σ 比例_i × 值_i。
+    """软查找：按比例给每个值加权再相加，结果 = Σ 比例_i × 值_i。
 
     Args:
         weights: proportions over the keys, either a mapping key -> proportion (then

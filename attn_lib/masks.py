@@ -1,4 +1,4 @@
-"""掩码:决定每个查询可以看哪些键。布尔掩码 True = 可以看(与 torch 一致)。
+"""掩码：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
 
 Two forms of the same information, both accepted by ``attn_lib.attention``:
 
@@ -24,7 +24,7 @@ from ._validate import check_positive_int
 
 
 def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
-    """因果掩码:第 i 个查询只能看第 0..i 个键。返回布尔 (L, S),True = 可以看。
+    """因果掩码：第 i 个查询只能看第 0..i 个键。返回布尔 (L, S),True = 可以看。
 
     Same alignment as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``:
     top-left, i.e. ``ones(L, S).tril(diagonal=0)``. With L = 3, S = 3::
@@ -62,7 +62,7 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
 
 
 def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
-    """键的填充掩码:第 b 句只有前 lengths[b] 个键是真的字,其余是填充。返回布尔 (B, 1, 1, S)。
+    """键的填充掩码：第 b 句只有前 lengths[b] 个键是真的字，其余是填充。返回布尔 (B, 1, 1, S)。
 
     A batch holds sentences of different lengths padded to a common length S; the padding
     positions must not receive attention. With lengths = [3, 1] and S = 4 (one row per
@@ -113,7 +113,7 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
 
 
 def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """布尔掩码 → 加性掩码:可以看的位置填 0,盖住的位置填 -inf。
+    """布尔掩码 → 加性掩码：可以看的位置填 0，盖住的位置填 -inf。
 
     Args:
         mask: bool tensor of any shape, True = may attend.
@@ -132,7 +132,7 @@ def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
 
 
 def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
-    """加性掩码 → 布尔掩码:-inf 的位置是 False(盖住),0 的位置是 True(可以看)。
+    """加性掩码 → 布尔掩码：-inf 的位置是 False（盖住），0 的位置是 True（可以看）。
 
     Only a pure 0 / ``-inf`` mask can be converted: a finite non-zero entry (a bias, e.g.
     a position penalty) carries information a boolean mask cannot hold, so it is refused.

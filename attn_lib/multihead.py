@@ -1,4 +1,4 @@
-"""多头注意力:把隐藏层维度 C 切成 H 个头、每头 D = C / H,各算一遍注意力再拼回来。
+"""多头注意力：把隐藏层维度 C 切成 H 个头、每头 D = C / H，各算一遍注意力再拼回来。
 
     qkv = x W_qkv            one (B, L, C) @ (C, 3C) matrix multiplication, then split
     q, k, v -> (B, H, L, D)  split the last axis into H heads of D
@@ -8,7 +8,7 @@
 ``MultiHeadAttention`` is the fused version: ONE (3C, C) parameter for the three
 projections of all heads. ``LoopedMultiHeadAttention`` is the teaching version with H
 separate small projections per head and a Python loop over heads; the two compute the same
-thing ("矩阵内积再拼接等同于拼接矩阵再内积"), which tests/test_multihead.py asserts.
+thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/test_multihead.py asserts.
 Both have 4C² + 4C parameters (with bias) for every H, the same as a single head of width C.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _check_tensor(x, layout: str) -> None:
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """把 (B, L, C) 的最后一维切成 H 个头,返回 (B, H, L, D),D = C / H。
+    """把 (B, L, C) 的最后一维切成 H 个头，返回 (B, H, L, D),D = C / H。
 
     Args:
         x: (B, L, C).
@@ -45,7 +45,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """split_heads 的逆操作:(B, H, L, D) → (B, L, C),C = H·D,头按顺序首尾相接。
+    """split_heads 的逆操作：(B, H, L, D) → (B, L, C),C = H·D，头按顺序首尾相接。
 
     Args:
         x: (B, H, L, D).
@@ -84,11 +84,11 @@ def _check_key_value(query, key, value) -> None:
 
 
 class MultiHeadAttention(nn.Module):
-    """多头注意力(融合版):一个 (3C, C) 的 QKV 投影 + H 个头并行 + 输出投影。
+    """多头注意力（融合版）：一个 (3C, C) 的 QKV 投影 + H 个头并行 + 输出投影。
 
     Args:
-        d_model: hidden size C (隐藏层维度).
-        num_heads: H; must divide ``d_model`` (每个头的维度 D = C / H).
+        d_model: hidden size C（隐藏层维度）.
+        num_heads: H; must divide ``d_model``（每个头的维度 D = C / H）.
         bias: give the QKV and output projections a bias.
         is_causal: hide later keys from each query (top-left aligned, ``attn_lib.causal_mask``);
             combined with any ``mask`` given to ``forward``.
@@ -108,7 +108,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # (C) -> (C)
 
     def _project(self, query, key, value):
-        """Q、K、V 投影:自注意力时一次矩阵乘法再切开;交叉注意力时用同一参数的三段分别乘。"""
+        """Q、K、V 投影：自注意力时一次矩阵乘法再切开；交叉注意力时用同一参数的三段分别乘。"""
         C = self.d_model
         if key is query and value is query:
             return self.qkv(query).split(C, dim=-1)  # (B,L,C) -> (B,L,3C) -> 3 x (B,L,C)
@@ -156,7 +156,7 @@ class MultiHeadAttention(nn.Module):
 
 
 class LoopedMultiHeadAttention(nn.Module):
-    """多头注意力(教学版):每个头各有三个小矩阵 (C → D),用 Python 循环一个头一个头地算。
+    """多头注意力（教学版）：每个头各有三个小矩阵 (C → D)，用 Python 循环一个头一个头地算。
 
     Computes exactly what ``MultiHeadAttention`` computes, with H separate ``nn.Linear(C, D)``
     for each of q, k, v instead of one fused (3C, C) matrix. Slower (3H small matrix
@@ -182,7 +182,7 @@ class LoopedMultiHeadAttention(nn.Module):
 
     @classmethod
     def from_fused(cls, fused: MultiHeadAttention) -> "LoopedMultiHeadAttention":
-        """从融合版复制参数:把 (3C, C) 的大矩阵按头切成 3H 个 (D, C) 的小矩阵。
+        """从融合版复制参数：把 (3C, C) 的大矩阵按头切成 3H 个 (D, C) 的小矩阵。
 
         Args:
             fused: a ``MultiHeadAttention``.
@@ -205,7 +205,7 @@ class LoopedMultiHeadAttention(nn.Module):
         return looped
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
-        """与 ``MultiHeadAttention.forward`` 相同的参数和返回值,只是一个头一个头地算。"""
+        """与 ``MultiHeadAttention.forward`` 相同的参数和返回值，只是一个头一个头地算。"""
         key, value = _checked_inputs(query, key, value, self.d_model, self.out_proj.weight.dtype)
         if isinstance(mask, torch.Tensor) and mask.ndim == 4:
             if mask.shape[1] not in (1, self.num_heads):
@@ -232,7 +232,7 @@ class LoopedMultiHeadAttention(nn.Module):
 
 
 def count_parameters(module: nn.Module) -> int:
-    """数一个模块里可训练参数的个数(所有参数张量的元素个数之和)。
+    """数一个模块里可训练参数的个数（所有参数张量的元素个数之和）。
 
     Args:
         module: any ``torch.nn.Module``.

@@ -1,4 +1,4 @@
-"""numpy 版的 softmax 与注意力:不想装 torch 的读者用它,语义与 torch 版完全相同。
+"""numpy 版的 softmax 与注意力：不想装 torch 的读者用它，语义与 torch 版完全相同。
 
 Same names, arguments, conventions and error messages as ``attn_lib.softmax`` and
 ``attn_lib.attention`` (see ``attn_lib.softmax`` for the -inf / all-masked-row rules).
@@ -31,7 +31,7 @@ def _normalize_dim(x: np.ndarray, dim: int) -> int:
 
 
 def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出(教学用)。
+    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出（教学用）。
 
     Args:
         x: float array of any shape.
@@ -47,7 +47,7 @@ def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
-    """数值稳定的 softmax(numpy):先减每行最大值;全是 -inf 的行返回全 0。
+    """数值稳定的 softmax(numpy)：先减每行最大值；全是 -inf 的行返回全 0。
 
     Args:
         x: float array; ``-inf`` allowed, ``nan`` / ``+inf`` rejected.
@@ -76,7 +76,7 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
 
 
 def causal_mask(L: int, S: int | None = None) -> np.ndarray:
-    """因果掩码(numpy):布尔 (L, S),True = 可以看;左上角对齐,同 attn_lib.causal_mask。
+    """因果掩码（numpy）：布尔 (L, S),True = 可以看；左上角对齐，同 attn_lib.causal_mask。
 
     Args:
         L: number of queries.
@@ -93,7 +93,7 @@ def causal_mask(L: int, S: int | None = None) -> np.ndarray:
 
 
 def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
-    """缩放点积注意力(numpy 版):返回 (输出, 注意力分数),布局 (B, H, L, D)。
+    """缩放点积注意力（numpy 版）：返回（输出，注意力分数），布局 (B, H, L, D)。
 
     Args:
         q: (B, H, L, D); k: (B, H, S, D); v: (B, H, S, Dv) float arrays of one dtype.

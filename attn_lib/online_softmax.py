@@ -1,4 +1,4 @@
-"""在线 Softmax:一段一段地读一行分数,只记「目前最大值」和「目前的指数和」两个数,读完就得到整行的 softmax。
+"""在线 Softmax：一段一段地读一行分数，只记「目前最大值」和「目前的指数和」两个数，读完就得到整行的 softmax。
 
 Standard softmax needs the whole row twice: once for its maximum ``m``, once for
 ``l = Σ exp(x - m)``. Online softmax (Milakov & Gimelshein 2018; the heart of FlashAttention)
@@ -28,7 +28,7 @@ from .softmax import _check_float_tensor, check_scores_finite
 
 
 def split_row(n: int, splits: int | Sequence[int]) -> list[tuple[int, int]]:
-    """把长度 n 切成若干段,返回每段的 (起点, 终点)。
+    """把长度 n 切成若干段，返回每段的（起点，终点）。
 
     Args:
         n: row length S.
@@ -57,7 +57,7 @@ def _safe(m: torch.Tensor) -> torch.Tensor:
 
 
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor):
-    """在线 softmax 的一步:读入新的一段分数,更新「目前最大值」m 和「目前指数和」l。
+    """在线 softmax 的一步：读入新的一段分数，更新「目前最大值」m 和「目前指数和」l。
 
     Args:
         m: running maximum, shape (...,); start with ``-inf``.
@@ -102,7 +102,7 @@ def _check_row(x) -> None:
 
 
 def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
-    """一段一段读完一行,返回整行的最大值 m 和指数和 l = Σexp(x - m)(与切法无关)。
+    """一段一段读完一行，返回整行的最大值 m 和指数和 l = Σexp(x - m)（与切法无关）。
 
     Args:
         x: scores, shape (..., S); the last axis is the row.
@@ -119,7 +119,7 @@ def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
 
 
 def online_softmax(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor:
-    """在线 softmax:分段求出 (m, l),再用它们把整行归一化;结果与 attn_lib.softmax 相同。
+    """在线 softmax：分段求出 (m, l)，再用它们把整行归一化；结果与 attn_lib.softmax 相同。
 
     Args:
         x: scores, shape (..., S).
@@ -135,7 +135,7 @@ def online_softmax(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor
 
 
 def online_logsumexp(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor:
-    """分段求 log Σ exp(x) = m + log(l);全是 -inf 的行得 -inf。
+    """分段求 log Σ exp(x) = m + log(l)；全是 -inf 的行得 -inf。
 
     Args:
         x: scores, shape (..., S).
@@ -149,7 +149,7 @@ def online_logsumexp(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tens
 
 
 def online_weighted_sum(x: torch.Tensor, v: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor:
-    """一遍读完 (分数, 值) 的各段,直接得到 softmax(x) @ v:注意力输出的在线算法。
+    """一遍读完（分数，值）的各段，直接得到 softmax(x) @ v：注意力输出的在线算法。
 
     Keeps ``m``, ``l`` and ``acc`` (the unnormalised weighted sum of values); each new piece
     rescales ``l`` and ``acc`` by ``exp(m - m_new)``; at the end ``acc / l`` is the output.

@@ -1,4 +1,4 @@
-"""比例为什么必须加起来等于 1:不归一化时,输出的大小会随序列长度漂移(测量用)。
+"""比例为什么必须加起来等于 1：不归一化时，输出的大小会随序列长度漂移（测量用）。
 
 Chapter 03 compares three ways of turning scores into weights before the weighted sum:
 
@@ -22,7 +22,7 @@ WEIGHTINGS = ("softmax", "exp", "sigmoid")
 
 
 def weights_from_scores(scores: torch.Tensor, weighting: str = "softmax") -> torch.Tensor:
-    """把分数变成加权求和用的权重:softmax(归一化)、exp 或 sigmoid(都不归一化)。
+    """把分数变成加权求和用的权重：softmax（归一化）、exp 或 sigmoid（都不归一化）。
 
     Args:
         scores: float tensor (..., S).
@@ -50,7 +50,7 @@ def mean_output_norm(
     generator: torch.Generator | None = None,
     seed: int = 0,
 ) -> float:
-    """测量:一个随机查询对 L 个随机键、值做加权求和,输出向量长度(范数)的平均值。
+    """测量：一个随机查询对 L 个随机键、值做加权求和，输出向量长度（范数）的平均值。
 
     Queries and keys have independent N(0, 1) entries, the scores are q·k/√d; the values
     have entries ``value_mean + N(0, 1)`` (a shared non-zero part, as real features have).

@@ -1,4 +1,4 @@
-"""参考实现:缩放点积注意力,全书其他实现都拿它当标准答案(torch 版,支持 float64)。
+"""参考实现：缩放点积注意力，全书其他实现都拿它当标准答案（torch 版，支持 float64）。
 
     attention(q, k, v) = softmax(q @ kᵀ * scale + mask) @ v,   scale = 1 / sqrt(D)
 
@@ -21,7 +21,7 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_attention_inputs(q, k, v, mask=None, scale=None):
-    """检查 attention 的全部输入,返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
+    """检查 attention 的全部输入，返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv) float tensors of one dtype and device.
@@ -71,7 +71,7 @@ def check_attention_inputs(q, k, v, mask=None, scale=None):
 
 
 def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
-    """缩放点积注意力(参考实现):返回输出和注意力分数,布局 (B, H, L, D)。
+    """缩放点积注意力（参考实现）：返回输出和注意力分数，布局 (B, H, L, D)。
 
     Args:
         q: queries, shape (B, H, L, D).

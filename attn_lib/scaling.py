@@ -1,4 +1,4 @@
-"""缩放:为什么要除以 √d —— 点积的离散程度、Softmax 的饱和,以及穿过 Softmax 的梯度。
+"""缩放：为什么要除以 √d —— 点积的离散程度、Softmax 的饱和，以及穿过 Softmax 的梯度。
 
 Three measurements behind chapter 04, on random vectors whose entries are independent with
 mean 0 and variance 1 (float64, CPU, a seeded ``torch.Generator``: the same numbers on
@@ -26,7 +26,7 @@ def _generator(generator: torch.Generator | None, seed: int) -> torch.Generator:
 
 
 def random_unit_variance(shape, *, generator: torch.Generator | None = None, seed: int = 0) -> torch.Tensor:
-    """造一组随机向量:每个分量独立,均值 0、方差 1(float64,CPU)。
+    """造一组随机向量：每个分量独立，均值 0、方差 1(float64,CPU)。
 
     Args:
         shape: the tensor shape, e.g. (N, d).
@@ -40,7 +40,7 @@ def random_unit_variance(shape, *, generator: torch.Generator | None = None, see
 
 
 def score_std(d: int, *, n_samples: int = 4000, generator: torch.Generator | None = None, seed: int = 0) -> float:
-    """测量:随机 q、k(分量方差为 1)的点积 q·k 的标准差;理论值是 √d。
+    """测量：随机 q、k（分量方差为 1）的点积 q·k 的标准差；理论值是 √d。
 
     Args:
         d: the length of q and k.
@@ -63,7 +63,7 @@ def score_std(d: int, *, n_samples: int = 4000, generator: torch.Generator | Non
 
 
 def softmax_jacobian(p: torch.Tensor) -> torch.Tensor:
-    """Softmax 对输入的雅可比矩阵:J = diag(p) − p pᵀ,J[i, j] = ∂p_i / ∂x_j。
+    """Softmax 对输入的雅可比矩阵：J = diag(p) − p pᵀ,J[i, j] = ∂p_i / ∂x_j。
 
     Args:
         p: proportions (the softmax output), shape (..., S).
@@ -79,7 +79,7 @@ def softmax_jacobian(p: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_grad_norm(logits: torch.Tensor) -> torch.Tensor:
-    """穿过 Softmax 的梯度有多大:雅可比矩阵 diag(p) − p pᵀ 的 Frobenius 范数,p = softmax(logits)。
+    """穿过 Softmax 的梯度有多大：雅可比矩阵 diag(p) − p pᵀ 的 Frobenius 范数，p = softmax(logits)。
 
     It is 0 exactly when p is one-hot (softmax saturated: the output no longer moves when
     the inputs move); for S equal proportions it is √(S−1)/S.
@@ -95,7 +95,7 @@ def softmax_grad_norm(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Saturation(NamedTuple):
-    """softmax_saturation 的结果:最大比例的平均值,梯度范数的平均值与中位数。"""
+    """softmax_saturation 的结果：最大比例的平均值，梯度范数的平均值与中位数。"""
 
     max_proportion: float
     grad_norm_mean: float
@@ -111,7 +111,7 @@ def softmax_saturation(
     generator: torch.Generator | None = None,
     seed: int = 0,
 ) -> Saturation:
-    """测量:一个随机查询对 num_keys 个随机键做 Softmax,最大比例和梯度范数有多大。
+    """测量：一个随机查询对 num_keys 个随机键做 Softmax，最大比例和梯度范数有多大。
 
     Args:
         d: the length of the query and key vectors.

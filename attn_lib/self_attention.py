@@ -1,4 +1,4 @@
-"""自注意力:同一个输入 x 乘三个不同的矩阵得到 Q、K、V,再做一次注意力(单头)。
+"""自注意力：同一个输入 x 乘三个不同的矩阵得到 Q、K、V，再做一次注意力（单头）。
 
     q = x W_q,  k = x W_k,  v = x W_v,  output = attention(q, k, v)
 
@@ -17,7 +17,7 @@ from .reference import attention
 
 
 def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype) -> None:
-    """检查 (B, L, C) 形状的输入:是张量、是 3 维、最后一维等于 d_model、精度与参数相同。
+    """检查 (B, L, C) 形状的输入：是张量、是 3 维、最后一维等于 d_model、精度与参数相同。
 
     Args:
         name: the argument's name for the message, e.g. ``"query"``.
@@ -41,7 +41,7 @@ def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype) -> None
 
 
 class SelfAttention(nn.Module):
-    """单头自注意力:x → 三个线性投影 → Q、K、V → attention。
+    """单头自注意力：x → 三个线性投影 → Q、K、V → attention。
 
     Args:
         d_model: size C of each input vector.
@@ -67,7 +67,7 @@ class SelfAttention(nn.Module):
 
     @classmethod
     def from_matrices(cls, w_q, w_k, w_v, *, is_causal: bool = False) -> "SelfAttention":
-        """用三个写成 ``x @ W`` 形式的矩阵造一个自注意力层(无偏置)。
+        """用三个写成 ``x @ W`` 形式的矩阵造一个自注意力层（无偏置）。
 
         Args:
             w_q, w_k: (C, d_k) matrices, so that ``q = x @ w_q``.

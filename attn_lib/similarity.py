@@ -1,4 +1,4 @@
-"""「有多像」怎么算:点积(一对、一个查询对全部键、全部查询对全部键)和欧氏距离。
+"""「有多像」怎么算：点积（一对、一个查询对全部键、全部查询对全部键）和欧氏距离。
 
 All functions accept numpy arrays or torch tensors (they only use ``*``, ``@`` and ``sum``).
 """
@@ -24,7 +24,7 @@ def _check_last_dim(a: Any, b: Any, what: str) -> None:
 
 
 def dot(a: Any, b: Any) -> Any:
-    """两个向量的点积:对应位置相乘,再全部加起来。
+    """两个向量的点积：对应位置相乘，再全部加起来。
 
     Args:
         a: vector of shape (D,).
@@ -41,7 +41,7 @@ def dot(a: Any, b: Any) -> Any:
 
 
 def dot_query_keys(q: Any, K: Any) -> Any:
-    """一个查询对全部键的点积,一次矩阵乘法:q · Kᵀ。
+    """一个查询对全部键的点积，一次矩阵乘法：q · Kᵀ。
 
     Args:
         q: query vector of shape (D,).
@@ -58,7 +58,7 @@ def dot_query_keys(q: Any, K: Any) -> Any:
 
 
 def dot_all(Q: Any, K: Any) -> Any:
-    """全部查询对全部键的点积:Q · Kᵀ,第 i 行第 j 列 = 第 i 个查询 · 第 j 个键。
+    """全部查询对全部键的点积：Q · Kᵀ，第 i 行第 j 列 = 第 i 个查询 · 第 j 个键。
 
     Args:
         Q: queries stacked as rows, shape (L, D).
@@ -75,7 +75,7 @@ def dot_all(Q: Any, K: Any) -> Any:
 
 
 def euclidean_distance(Q: Any, K: Any) -> Any:
-    """欧氏距离:先相减,再平方、求和、开根。Q (L, D) 与 K (S, D) 两两之间,得到 (L, S)。
+    """欧氏距离：先相减，再平方、求和、开根。Q (L, D) 与 K (S, D) 两两之间，得到 (L, S)。
 
     Args:
         Q: shape (L, D) or (D,).

@@ -1,4 +1,4 @@
-"""Softmax:把一串分数压成一组都不小于 0、加起来等于 1 的比例(torch 版)。
+"""Softmax：把一串分数压成一组都不小于 0、加起来等于 1 的比例（torch 版）。
 
 Two versions:
 
@@ -30,7 +30,7 @@ def _check_float_tensor(name: str, x) -> None:
 
 
 def check_scores_finite(x: torch.Tensor, name: str = "x") -> None:
-    """分数里允许 -inf(表示被盖住),不允许 nan 和 +inf;违反时报 ValueError。
+    """分数里允许 -inf（表示被盖住），不允许 nan 和 +inf；违反时报 ValueError。
 
     Args:
         x: float tensor of scores, any shape.
@@ -55,7 +55,7 @@ def _normalize_dim(x: torch.Tensor, dim: int) -> int:
 
 
 def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出成 nan(教学用)。
+    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出成 nan（教学用）。
 
     Args:
         x: float tensor of any shape.
@@ -70,7 +70,7 @@ def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """数值稳定的 softmax:先减去每行最大值再取指数;全是 -inf 的行返回全 0。
+    """数值稳定的 softmax：先减去每行最大值再取指数；全是 -inf 的行返回全 0。
 
     Args:
         x: float tensor of any shape; ``-inf`` allowed, ``nan`` / ``+inf`` rejected.

@@ -1,4 +1,4 @@
-"""全书唯一一处容差表:每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
+"""全书唯一一处容差表：每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
 
 Every test and every notebook that compares a path (numpy, tiled CPU, fused multi-head,
 Triton) with the float64 reference takes its tolerance from here, so a reader can see in
@@ -35,7 +35,7 @@ def dtype_name(dtype: Any) -> str:
 
 
 def tolerance(dtype: Any) -> dict[str, float]:
-    """取某个精度的容差,返回 {'rtol': ..., 'atol': ...}。
+    """取某个精度的容差，返回 {'rtol': ..., 'atol': ...}。
 
     Args:
         dtype: a torch or numpy floating dtype (or its name, e.g. ``"float16"``).
@@ -56,7 +56,7 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def max_abs_error(actual: Any, expected: Any) -> float:
-    """两个数组(torch 或 numpy)之间的最大绝对误差,按 float64 计算。
+    """两个数组（torch 或 numpy）之间的最大绝对误差，按 float64 计算。
 
     Args:
         actual, expected: arrays or tensors of the same shape.
@@ -71,7 +71,7 @@ def max_abs_error(actual: Any, expected: Any) -> float:
 
 
 def assert_close(actual: Any, expected: Any, *, dtype: Any = None, what: str = "output") -> None:
-    """断言 actual 与 expected 在 ``dtype`` 精度的容差内一致,不一致时报出最大误差和位置。
+    """断言 actual 与 expected 在 ``dtype`` 精度的容差内一致，不一致时报出最大误差和位置。
 
     Args:
         actual: the fast path's result (torch tensor or numpy array).
@@ -95,7 +95,7 @@ def assert_close(actual: Any, expected: Any, *, dtype: Any = None, what: str = "
 
 
 def assert_flash_rule(fast: Any, naive_same_precision: Any, reference: Any, *, what: str = "output") -> None:
-    """flash-attn 的规则:快速路径的误差不超过同精度朴素实现误差的 FLASH_ERROR_RATIO 倍。
+    """flash-attn 的规则：快速路径的误差不超过同精度朴素实现误差的 FLASH_ERROR_RATIO 倍。
 
     Args:
         fast: the fast path's output in low precision.

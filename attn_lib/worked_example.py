@@ -1,4 +1,4 @@
-"""主走查的数据,全书唯一来源:「桌上有一杯水和一本书,它被打翻了」。
+"""主走查的数据，全书唯一来源：「桌上有一杯水和一本书，它被打翻了」。
 
 The query of 「它」 and the keys and values of 水, 书, 打翻, exactly as the source chapter
 makes them up (4 numbers each, invented for the demonstration, not a real model's values).
@@ -10,8 +10,8 @@ notebooks recompute every one of them and show where exact arithmetic differs.
 """
 from __future__ import annotations
 
-SENTENCE = "桌上有一杯水和一本书,它被打翻了。"
-QUESTION = "请问被打翻的是什么?"
+SENTENCE = "桌上有一杯水和一本书，它被打翻了。"
+QUESTION = "请问被打翻的是什么？"
 QUERY_TOKEN = "它"
 KEY_TOKENS = ("水", "书", "打翻")
 
@@ -57,17 +57,17 @@ SOURCE_FRUIT_RESULT = 8  # printed by the source: 10×0.6 + 5×0.4 + 2×0 = 8
 
 
 def key_matrix():
-    """三个键向量按 水、书、打翻 的顺序堆成的列表,形状 (S=3, D=4)。"""
+    """三个键向量按 水、书、打翻 的顺序堆成的列表，形状 (S=3, D=4)。"""
     return [list(KEYS[t]) for t in KEY_TOKENS]
 
 
 def value_matrix():
-    """三个值向量按 水、书、打翻 的顺序堆成的列表,形状 (S=3, Dv=4)。"""
+    """三个值向量按 水、书、打翻 的顺序堆成的列表，形状 (S=3, Dv=4)。"""
     return [list(VALUES[t]) for t in KEY_TOKENS]
 
 
 def as_arrays(dtype="float64"):
-    """主走查数据的 numpy 版本:q (1,1,1,4)、k (1,1,3,4)、v (1,1,3,4)。
+    """主走查数据的 numpy 版本：q (1,1,1,4)、k (1,1,3,4)、v (1,1,3,4)。
 
     Args:
         dtype: numpy dtype name.
@@ -84,7 +84,7 @@ def as_arrays(dtype="float64"):
 
 
 def as_tensors(dtype=None, device=None):
-    """主走查数据的 torch 版本:q (1,1,1,4)、k (1,1,3,4)、v (1,1,3,4),默认 float64。
+    """主走查数据的 torch 版本：q (1,1,1,4)、k (1,1,3,4)、v (1,1,3,4)，默认 float64。
 
     Args:
         dtype: torch dtype (default ``torch.float64``).

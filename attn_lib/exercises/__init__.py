@@ -1,4 +1,4 @@
-"""练习题的检查器:每章末尾的练习用 ``check("04-1", answer)`` 检查读者的答案。
+"""练习题的检查器：每章末尾的练习用 ``check("04-1", answer)`` 检查读者的答案。
 
 Each chapter registers its exercises in its own module ``chNN.py`` in this package (found
 automatically). A notebook's exercise leaves ``answer = None`` for the reader; the hidden
@@ -17,7 +17,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Exercise:
-    """一道练习:编号、题面、参考答案、提示,以及比较数值时的容差。"""
+    """一道练习：编号、题面、参考答案、提示，以及比较数值时的容差。"""
 
     id: str
     question: str
@@ -28,7 +28,7 @@ class Exercise:
     normalize: Callable[[Any], Any] | None = field(default=None, compare=False)
 
     def is_correct(self, value: Any) -> bool:
-        """判断 ``value`` 是否等于参考答案(数值按 atol 比较,字符串去掉首尾空白后比较)。"""
+        """判断 ``value`` 是否等于参考答案（数值按 atol 比较，字符串去掉首尾空白后比较）。"""
         if value is None:
             return False
         if self.normalize is not None:
@@ -50,7 +50,7 @@ REGISTRY: dict[str, Exercise] = {}
 
 
 def register(ex: Exercise) -> Exercise:
-    """登记一道练习;编号重复时报错。"""
+    """登记一道练习；编号重复时报错。"""
     if ex.id in REGISTRY:
         raise ValueError(f"exercise {ex.id} registered twice")
     REGISTRY[ex.id] = ex
@@ -58,17 +58,17 @@ def register(ex: Exercise) -> Exercise:
 
 
 def check(ex_id: str, value: Any) -> None:
-    """检查练习 ``ex_id`` 的答案并打印一行结论(没作答 / 正确 / 不对加提示)。"""
+    """检查练习 ``ex_id`` 的答案并打印一行结论（没作答 / 正确 / 不对加提示）。"""
     _load_all()
     if ex_id not in REGISTRY:
         raise KeyError(f"no exercise {ex_id!r}; known: {sorted(REGISTRY)}")
     ex = REGISTRY[ex_id]
     if value is None:
-        print(f"练习 {ex_id}:还没有作答。把答案填进上一格再运行这一格。")
+        print(f"练习 {ex_id}：还没有作答。把答案填进上一格再运行这一格。")
     elif ex.is_correct(value):
-        print(f"练习 {ex_id}:正确!")
+        print(f"练习 {ex_id}：正确！")
     else:
-        print(f"练习 {ex_id}:还不对。提示:{ex.hint}")
+        print(f"练习 {ex_id}：还不对。提示：{ex.hint}")
 
 
 _loaded = False
@@ -85,6 +85,6 @@ def _load_all() -> None:
 
 
 def all_exercises() -> dict[str, Exercise]:
-    """全部已登记的练习(按编号)。"""
+    """全部已登记的练习（按编号）。"""
     _load_all()
     return dict(sorted(REGISTRY.items()))

@@ -1,4 +1,4 @@
-"""第 01 章(字典类比)的练习。参考答案全部由代码算出。"""
+"""第 01 章（字典类比）的练习。参考答案全部由代码算出。"""
 from __future__ import annotations
 
 import torch
@@ -21,17 +21,17 @@ def _soft_lookup_for(query) -> float:
 
 register(Exercise(
     id="01-1",
-    question="把比例换成 apple 0.5、banana 0.5、chair 0,软查找的结果是多少?",
+    question="把比例换成 apple 0.5、banana 0.5、chair 0，软查找的结果是多少？",
     answer=float(soft_lookup({"apple": 0.5, "banana": 0.5, "chair": 0.0}, we.DICTIONARY)),
-    hint="结果 = 10×比例_apple + 5×比例_banana + 2×比例_chair;可以直接调用 soft_lookup。",
+    hint="结果 = 10×比例_apple + 5×比例_banana + 2×比例_chair；可以直接调用 soft_lookup。",
     wrong_example=8.0,
 ))
 
 register(Exercise(
     id="01-2",
-    question="用本章编造的三维向量,查询换成「能吃的东西」[1, 0, 0]:先点积、再 softmax、再加权求和,结果是多少?",
+    question="用本章编造的三维向量，查询换成「能吃的东西」[1, 0, 0]：先点积、再 softmax、再加权求和，结果是多少？",
     answer=_soft_lookup_for(EDIBLE_QUERY),
-    hint="点积依次是 1、1、-0.5;把它们交给 attn_lib.softmax 得到比例,再用 soft_lookup 混合 10、5、2。",
+    hint="点积依次是 1、1、-0.5；把它们交给 attn_lib.softmax 得到比例，再用 soft_lookup 混合 10、5、2。",
     atol=1e-2,
     wrong_example=8.0,
 ))

@@ -1,4 +1,4 @@
-"""第 07 章(多头注意力)的练习。答案都由代码算出。"""
+"""第 07 章（多头注意力）的练习。答案都由代码算出。"""
 from __future__ import annotations
 
 import math
@@ -21,7 +21,7 @@ def _head2_weight_on_overturn() -> float:
 
 register(Exercise(
     id="07-1",
-    question="隐藏层维度 512、8 个头,每个头的维度是多少?",
+    question="隐藏层维度 512、8 个头，每个头的维度是多少？",
     answer=check_divisible(512, 8),
     hint="每个头的维度 = 隐藏层维度 ÷ 头数。",
     wrong_example=8,
@@ -29,17 +29,17 @@ register(Exercise(
 
 register(Exercise(
     id="07-2",
-    question="MultiHeadAttention(512, 8)(带偏置)一共有多少个参数?",
+    question="MultiHeadAttention(512, 8)（带偏置）一共有多少个参数？",
     answer=count_parameters(MultiHeadAttention(512, 8)),
-    hint="一个 (C, 3C) 的 QKV 矩阵和一个 (C, C) 的输出矩阵,再加上两者的偏置 3C 和 C;和头数无关。",
+    hint="一个 (C, 3C) 的 QKV 矩阵和一个 (C, C) 的输出矩阵，再加上两者的偏置 3C 和 C；和头数无关。",
     wrong_example=3 * 512 * 512,
 ))
 
 register(Exercise(
     id="07-3",
-    question="主走查的第 2 个头(只看后两位)里,「它」分给「打翻」的注意力分数精确到 4 位小数是多少?",
+    question="主走查的第 2 个头（只看后两位）里，「它」分给「打翻」的注意力分数精确到 4 位小数是多少？",
     answer=_head2_weight_on_overturn(),
-    hint="第 2 个头的点积是 3.0 / 0.6 / 2.8,除以 √2(不是 1.41,也不是 2),再做 Softmax。",
+    hint="第 2 个头的点积是 3.0 / 0.6 / 2.8，除以 √2（不是 1.41，也不是 2），再做 Softmax。",
     atol=5e-4,
     wrong_example=we.SOURCE_PRINTED["head_weights"][1][2],
 ))
