@@ -99,7 +99,7 @@ def _unmask(text: str, spans: list[str]) -> str:
 _LIST_MARKER = re.compile(r"^\s*(?:[-*+]|\d+[.)]|#{1,6}|>+)?\s*$")
 
 
-def _convert_parens(chars: list[str]) -> None:
+def _convert_parens(chars: list[str], placeholders_count: bool = False) -> None:
     """Convert matching ( ) pairs in place when the pair belongs to Chinese prose."""
     stack: list[int] = []
     pairs: list[tuple[int, int]] = []
@@ -123,17 +123,18 @@ def _convert_parens(chars: list[str]) -> None:
             if _is_han(after):
                 chars[c] = ") "  # f(x) 的: notation stays, one space before the Chinese
             continue  # f(x), softmax(x): notation, not prose
-        if _is_han(before) or _is_han(after) or has_han(inner):
+        next_to_markup = placeholders_count and bool(_PH_RE.match(before) or _PH_RE.match(after))
+        if _is_han(before) or _is_han(after) or has_han(inner) or next_to_markup:
             chars[o], chars[c] = "（", "）"
 
 
-def fix_text(text: str) -> str:
+def fix_text(text: str, markdown: bool = False) -> str:
     """把一段已经去掉了代码、公式等受保护部分的中文文本改成全角标点和统一空格。"""
     if not has_han(text):
         return text
 
     chars = list(text)
-    _convert_parens(chars)
+    _convert_parens(chars, placeholders_count=markdown)
     text = "".join(chars)
 
     # , : ; ? ! touching a CJK character (possibly across spaces, which then go).
@@ -234,7 +235,7 @@ def fix_markdown(text: str) -> str:
             continue
         spans: list[str] = []
         masked = _mask(chunk, _MD_INLINE_PROTECT, spans)
-        out.append(_unmask(fix_text(masked), spans))
+        out.append(_unmask(fix_text(masked, markdown=True), spans))
     return "".join(out)
 
 
