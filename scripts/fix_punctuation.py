@@ -143,6 +143,10 @@ def fix_text(text: str, markdown: bool = False) -> str:
     text = re.sub(rf"(?<=[{CJK}])([ \t]*)([,:;?!])", punct, text)
     text = re.sub(rf"(?<![\d\s])()([,:;?!])[ \t]*(?=[{CJK}])", punct, text)
     text = re.sub(rf"(?<=\d)()([,:;?!])[ \t]*(?=[{CJK}])", punct, text)
+    if markdown:  # after code, math or a bracket, before the end of the line or more markup
+        text = re.sub(r"(?<=[\ue000-\uf8ff)）*])()([,:;?!])(?=\n|$|[\ue000-\uf8ff*])", punct, text)
+        text = re.sub(r"(?<=[\ue000-\uf8ff)])()([,:;])(?=[A-Za-z])", punct, text)
+        text = re.sub(r"(?<=[A-Za-z0-9])()([?])(?=\n|$)", punct, text)
 
     # No space next to full-width punctuation (never touching indentation or list markers).
     def drop_before(m: re.Match) -> str:
@@ -235,7 +239,13 @@ def fix_markdown(text: str) -> str:
             continue
         spans: list[str] = []
         masked = _mask(chunk, _MD_INLINE_PROTECT, spans)
-        out.append(_unmask(fix_text(masked, markdown=True), spans))
+        fixed = fix_text(masked, markdown=True)
+        for _ in range(3):  # to a fixed point, so that a second run changes nothing
+            again = fix_text(fixed, markdown=True)
+            if again == fixed:
+                break
+            fixed = again
+        out.append(_unmask(fixed, spans))
     return "".join(out)
 
 
