@@ -26,4 +26,22 @@ def test_reference_answer_passes_and_wrong_fails(ex_id, capsys):
     check(ex_id, ex.wrong_example)
     check(ex_id, None)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("正确!") and "提示" in out[1] and "还没有作答" in out[2]
+    assert out[0].endswith("正确！") and "提示" in out[1] and "还没有作答" in out[2]
+
+
+def test_answer_keys_do_not_use_the_library_under_test():
+    """An answer key is a literal or an independent computation: a library bug must not become the key."""
+    import ast
+    from pathlib import Path
+
+    modules = sorted((Path(__file__).resolve().parents[1] / "attn_lib" / "exercises").glob("ch*.py"))
+    assert modules, "no exercise modules found"
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level >= 1:
+                names = {a.name for a in node.names}
+                allowed = (node.level == 1 and node.module is None and names <= {"Exercise", "register"}) or \
+                          (node.level == 2 and node.module is None and names <= {"worked_example"})
+                assert allowed, f"{path.name} imports {names} from the library; compute its keys independently"
+            if isinstance(node, ast.Import):
+                assert all(a.name in {"math"} for a in node.names), f"{path.name} imports {[a.name for a in node.names]}"

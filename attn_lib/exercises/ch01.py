@@ -1,11 +1,8 @@
-"""第 01 章（字典类比）的练习。参考答案全部由代码算出。"""
+"""第 01 章（字典类比）的练习。参考答案是写死的数或不经 attn_lib 的独立计算（标准库 math）。"""
 from __future__ import annotations
 
-import torch
+import math
 
-from .. import worked_example as we
-from ..lookup import soft_lookup
-from ..softmax import softmax
 from . import Exercise, register
 
 # The chapter's made-up 3-d embeddings (dimensions: 能吃, 是水果, 是家具).
@@ -14,15 +11,17 @@ EDIBLE_QUERY = (1.0, 0.0, 0.0)
 
 
 def _soft_lookup_for(query) -> float:
-    K = torch.tensor([TOY_KEYS[t] for t in we.DICTIONARY], dtype=torch.float64)  # (S=3, 3)
-    p = softmax(K @ torch.tensor(query, dtype=torch.float64))  # (S,3) @ (3,) -> (S,)
-    return float(soft_lookup(p.tolist(), [we.DICTIONARY[t] for t in we.DICTIONARY]))
+    # Independent of attn_lib: plain-Python dot products, softmax and weighted sum.
+    values = (10.0, 5.0, 2.0)  # apple, banana, chair (the chapter's dictionary)
+    dots = [sum(a * b for a, b in zip(query, TOY_KEYS[t])) for t in ("apple", "banana", "chair")]
+    exps = [math.exp(x - max(dots)) for x in dots]
+    return sum(e / sum(exps) * v for e, v in zip(exps, values))
 
 
 register(Exercise(
     id="01-1",
     question="把比例换成 apple 0.5、banana 0.5、chair 0，软查找的结果是多少？",
-    answer=float(soft_lookup({"apple": 0.5, "banana": 0.5, "chair": 0.0}, we.DICTIONARY)),
+    answer=7.5,  # 10×0.5 + 5×0.5 + 2×0
     hint="结果 = 10×比例_apple + 5×比例_banana + 2×比例_chair；可以直接调用 soft_lookup。",
     wrong_example=8.0,
 ))

@@ -1,28 +1,22 @@
-"""第 05 章（自注意力）的练习。答案都由代码算出。"""
+"""第 05 章（自注意力）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib。"""
 from __future__ import annotations
 
-import torch
+import math
 
-from ..self_attention import SelfAttention
 from . import Exercise, register
 
 
-def _count_05_1() -> int:
-    return sum(p.numel() for p in SelfAttention(8, 4, 4).parameters())
-
-
 def _scores_05_2() -> list[float]:
-    x = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]], dtype=torch.float64)  # (1,3,2)
-    eye = torch.eye(2, dtype=torch.float64)
-    with torch.no_grad():
-        _, scores = SelfAttention.from_matrices(eye, eye, eye)(x, need_weights=True)  # (1,3,3)
-    return [round(float(s), 4) for s in scores[0, 2]]
+    # Independent of attn_lib: the third row [1, 1] against [1, 0], [0, 1], [1, 1] -> dots 1, 1, 2.
+    scaled = [x / math.sqrt(2) for x in (1.0, 1.0, 2.0)]
+    exps = [math.exp(x) for x in scaled]
+    return [round(e / sum(exps), 4) for e in exps]
 
 
 register(Exercise(
     id="05-1",
     question="SelfAttention(d_model=8, d_k=4, d_v=4)（不带偏置）一共有多少个参数？",
-    answer=_count_05_1(),
+    answer=3 * 8 * 4,  # W_q、W_k、W_v 各是 (C=8) × 4，没有偏置
     hint="三个矩阵 W_q、W_k、W_v，每个的形状都是 (C, 4),C = 8。",
     wrong_example=8 * 4,
 ))
