@@ -26,7 +26,7 @@ def _output_for_query(query: list[float]) -> list[float]:
 register(Exercise(
     id="04-1",
     question="向量还是主走查那几个，但假装 d = 16（除以 √16 = 4 而不是 2）：「水」分到的比例是多少？（精确到 0.001）",
-    answer=_softmax([6.0 / 4, 1.2 / 4, 4.8 / 4])[0],  # ≈ 0.496
+    answer=_softmax([6.0 / 4, 1.2 / 4, 4.8 / 4])[0],  # ≈ 0.490
     hint="三个点积 6.0、1.2、4.8 各除以 4，再做 softmax，取第一个。除数越大，比例越平均。",
     atol=1e-3,
     wrong_example=0.61,
