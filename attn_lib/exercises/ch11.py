@@ -1,4 +1,4 @@
-"""第 11 章（证据、边界与可带走的）的练习。参考答案是写死的数或独立的算术，不调用 attn_lib。"""
+"""第 11 章（证据与边界）的练习。参考答案是写死的数或独立的算术，不调用 attn_lib。"""
 from __future__ import annotations
 
 from . import Exercise, register
