@@ -45,3 +45,33 @@ def test_answer_keys_do_not_use_the_library_under_test():
                 assert allowed, f"{path.name} imports {names} from the library; compute its keys independently"
             if isinstance(node, ast.Import):
                 assert all(a.name in {"math"} for a in node.names), f"{path.name} imports {[a.name for a in node.names]}"
+
+
+def _chapter_notebooks():
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[1] / "chapters").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", _chapter_notebooks(), ids=lambda p: p.name)
+def test_every_exercise_has_a_label_and_a_folded_worked_solution(path):
+    """「练习 NN-k」 in the text, the checker, then a 参考答案 dropdown (closed on the site)."""
+    import re
+
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    chapter = path.name[:2]
+    ids = [m.group(1) for c in nb.cells if c.cell_type == "code"
+           for m in re.finditer(r'check\("(\d\d-\d+)"', c.source)]
+    assert ids, f"{path.name} has no exercise checker"
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    for ex_id in ids:
+        assert ex_id.startswith(chapter + "-"), f"{path.name} checks {ex_id}"
+        assert f"**练习 {ex_id}**" in text, f"{path.name}: label 「练习 {ex_id}」 missing"
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and 'check("' in cell.source:
+            nxt = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+            assert nxt is not None and nxt.cell_type == "markdown" and \
+                nxt.source.startswith(":::{dropdown} 参考答案") and ":open:" not in nxt.source, \
+                f"{path.name}: the checker in cell {i} is not followed by a folded 参考答案 dropdown"
