@@ -183,5 +183,83 @@ def without_head(model: TinyItModel, head: int) -> TinyItModel:
     return ablated
 
 
-__all__ = ["TinyItModel", "RotaryMultiHeadAttention", "build_model", "train", "predict", "accuracy",
+ROLES = ("own_verb", "target", "other", "distractor_verb", "distractor_object", "it", "rest")
+
+
+def token_roles(example) -> list[str]:
+    """给句子里每个词标上它的角色:「它」自己那一句的动词、答案、另一个物体、干扰句的动词和物体、「它」、其余。"""
+    roles = ["rest"] * len(example.tokens)
+    roles[example.it_index] = "it"
+    roles[example.it_index + (2 if example.form == "被" else 1)] = "own_verb"
+    from .it_data import CLASS_OF
+
+    objects = [i for i, t in enumerate(example.tokens) if t in CLASS_OF]  # 2 listed objects (+1 in a distractor)
+    for i in objects[:2]:
+        roles[i] = "target" if example.tokens[i] == example.target else "other"
+    if example.distractor:
+        roles[objects[2]] = "distractor_object"
+        roles[objects[2] - 1] = "distractor_verb"
+    return roles
+
+
+def attention_by_role(examples, scores: torch.Tensor) -> torch.Tensor:
+    """「它」的注意力按词的角色汇总:返回 (H, len(ROLES)),第 h 行是第 h 个头分给每种角色的平均比例。
+
+    Args:
+        examples: N ``it_data.Example``.
+        scores: (N, H, L, L) attention scores of those sentences (``predict``).
+
+    Returns:
+        (H, len(ROLES)) float64: for each head, the weight 「它」 gives to each role, averaged
+        over the sentences (each row sums to 1).
+    """
+    H = scores.shape[1]
+    total = torch.zeros(H, len(ROLES), dtype=torch.float64)  # (H,R)
+    for n, ex in enumerate(examples):
+        row = scores[n, :, ex.it_index, : len(ex.tokens)].double()  # (H,len)
+        for j, role in enumerate(token_roles(ex)):
+            total[:, ROLES.index(role)] += row[:, j]  # (H,)
+    return total / len(examples)
+
+
+def object_vector_similarity(model: TinyItModel) -> dict:
+    """学到的物体向量里,同类两两之间与异类两两之间的点积:平均余弦、点积为正 / 为负的比例。
+
+    Looks at two sets of vectors, each one row per object: the input embeddings and the
+    readout rows. Returns ``{name: {"same_cos", "diff_cos", "same_positive", "diff_negative"}}``.
+    """
+    from .it_data import CLASS_OF, OBJECTS, TOKEN_ID
+
+    classes = [CLASS_OF[o] for o in OBJECTS]
+    same = torch.tensor([[a == b for b in classes] for a in classes])  # (n,n)
+    off_diag = same & ~torch.eye(len(OBJECTS), dtype=torch.bool)  # same class, different objects
+    result = {}
+    vectors = {"embedding": model.embed.weight[[TOKEN_ID[o] for o in OBJECTS]], "readout": model.readout.weight}
+    for name, w in vectors.items():
+        w = w.detach().double()  # (n,C)
+        dots = w @ w.T  # (n,C) @ (C,n) -> (n,n)
+        cos = F.normalize(w, dim=-1) @ F.normalize(w, dim=-1).T  # (n,n)
+        result[name] = {
+            "same_cos": float(cos[off_diag].mean()), "diff_cos": float(cos[~same].mean()),
+            "same_positive": float((dots[off_diag] > 0).double().mean()),
+            "diff_negative": float((dots[~same] < 0).double().mean()),
+        }
+    return result
+
+
+def run_experiment(positions: str = "rope", *, seed: int = 0, n_train: int = 3000, n_test: int = 1000) -> dict:
+    """第 10 章的实验:生成数据、按种子建模型、训练,返回模型、两个划分、编码后的张量和损失曲线。"""
+    from . import it_data
+
+    train_examples = it_data.make_split("train", n_train, seed=seed)
+    test_examples = it_data.make_split("test", n_test, seed=seed)
+    train_data, test_data = it_data.encode(train_examples), it_data.encode(test_examples)
+    model = build_model(positions, seed=seed)
+    losses = train(model, train_data, seed=seed)
+    return {"model": model, "train": train_examples, "test": test_examples, "train_data": train_data,
+            "test_data": test_data, "losses": losses}
+
+
+__all__ = ["ROLES", "token_roles", "attention_by_role", "object_vector_similarity", "run_experiment",
+           "TinyItModel", "RotaryMultiHeadAttention", "build_model", "train", "predict", "accuracy",
            "without_head", "one_thread", "POSITION_KINDS"]
