@@ -129,9 +129,6 @@ class KVCache:
             return mask + bool_to_additive(tail, mask.dtype)  # broadcast(mask) + (L,S)
         return mask  # not a tensor: attention() reports the error
 
-    def extra_repr(self) -> str:  # pragma: no cover - cosmetic
-        return f"length={len(self)}"
-
     def __repr__(self) -> str:
         shape = None if self.keys is None else tuple(self.keys.shape)
         return f"KVCache(length={len(self)}, keys={shape})"
