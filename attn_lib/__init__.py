@@ -78,3 +78,16 @@ __all__ += [
     "tiled_attention_io",
     "io_model",
 ]
+
+# --- issue 11 (positions, KV cache, a trained tiny model) adds its exports below this line ---
+from .positions import apply_rotary, sinusoidal_positions
+from .kv_cache import KVCache
+from . import it_data, tiny_model
+
+__all__ += [
+    "sinusoidal_positions",
+    "apply_rotary",
+    "KVCache",
+    "it_data",
+    "tiny_model",
+]

@@ -23,7 +23,7 @@ import torch
 from ._validate import check_positive_int
 
 
-def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
+def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> torch.Tensor:
     """因果掩码：第 i 个查询只能看第 0..i 个键。返回布尔 (L, S),True = 可以看。
 
     Same alignment as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``:
@@ -41,13 +41,23 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
         q 0  [ T . . . ]
         q 1  [ T T . . ]
 
-    (When the L queries are the *last* L of S positions, as in generation with a cache of
-    earlier keys, the right mask is the bottom rows of the square one:
-    ``causal_mask(S)[-L:]``.)
+    When the L queries are the *last* L of S positions, as in generation with a KV cache of
+    earlier keys, use ``align="bottom-right"``: the diagonal ends at the bottom-right
+    corner, query i sees keys 0 .. i + (S − L), i.e. ``ones(L, S).tril(diagonal=S - L)``
+    = the bottom L rows of ``causal_mask(S)`` (torch calls it ``causal_lower_right``).
+    L = 2, S = 4::
+
+        key:   0 1 2 3
+        q 0  [ T T T . ]
+        q 1  [ T T T T ]
+
+    (With L > S the first L − S rows see no key at all.)
 
     Args:
         L: number of queries.
         S: number of keys (default: ``L``).
+        align: ``"top-left"`` (default, as torch's ``is_causal``) or ``"bottom-right"``
+            (the queries are the last L positions; chapter 10's KV cache).
         device: torch device of the result.
 
     Returns:
@@ -58,7 +68,12 @@ def causal_mask(L: int, S: int | None = None, *, device=None) -> torch.Tensor:
     S = L if S is None else S
     if not (isinstance(S, numbers.Integral) and not isinstance(S, bool) and S >= 0):
         raise ValueError(f"S must be an int >= 0, got {S!r}")
-    return torch.ones(L, S, dtype=torch.bool, device=device).tril()  # (L,S) lower triangle incl. diagonal
+    if not isinstance(align, str):
+        raise TypeError(f'align must be the string "top-left" or "bottom-right", got {align!r}')
+    if align not in ("top-left", "bottom-right"):
+        raise ValueError(f'align must be "top-left" or "bottom-right", got {align!r}')
+    diagonal = 0 if align == "top-left" else S - L  # bottom-right: query i is position i + S - L
+    return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal)  # (L,S) lower triangle incl. diagonal
 
 
 def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:

@@ -83,6 +83,18 @@ def _check_key_value(query, key, value) -> None:
         )
 
 
+def _use_kv_cache(cache, self_attention: bool, q, k, v, mask, is_causal: bool):
+    """Append k, v to the cache; return all cached keys/values and the mask for the new queries."""
+    from .kv_cache import KVCache
+
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"kv_cache must be an attn_lib.KVCache or None, got {type(cache).__name__}")
+    if not self_attention:
+        raise ValueError("kv_cache works with self-attention only: leave key and value as None")
+    k, v = cache.append(k, v)  # (B,H,S_past,D) + (B,H,S_new,D) -> (B,H,S_all,D)
+    return k, v, cache.attention_mask(mask, q.shape[2], is_causal), False
+
+
 class MultiHeadAttention(nn.Module):
     """多头注意力（融合版）：一个 (3C, C) 的 QKV 投影 + H 个头并行 + 输出投影。
 
@@ -125,7 +137,7 @@ class MultiHeadAttention(nn.Module):
             v = F.linear(value, w_v, b_v)  # (B,S,C) -> (B,S,C)
         return q, k, v
 
-    def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
+    def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False, kv_cache=None):
         """多头注意力的前向计算。
 
         Args:
@@ -137,6 +149,10 @@ class MultiHeadAttention(nn.Module):
                 the whole batch, or ``attn_lib.padding_mask(lengths)`` (B, 1, 1, S) for key
                 padding. Combined with ``is_causal``: a key is visible only if both allow it.
             need_weights: also return every head's attention scores.
+            kv_cache: optional ``attn_lib.KVCache`` (self-attention only): the new keys and
+                values are appended to it and the queries attend over everything cached; with
+                ``is_causal`` the queries are the last L positions (bottom-right aligned mask).
+                ``mask`` then covers all S cached keys.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
@@ -146,7 +162,11 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(q, self.num_heads)  # (B,L,C) -> (B,H,L,D)
         k = split_heads(k, self.num_heads)  # (B,S,C) -> (B,H,S,D)
         v = split_heads(v, self.num_heads)  # (B,S,C) -> (B,H,S,D)
-        out, scores = attention(q, k, v, mask=mask, is_causal=self.is_causal)  # (B,H,L,D), (B,H,L,S)
+        is_causal = self.is_causal
+        if kv_cache is not None:  # issue 11: generation with a KV cache (attn_lib.kv_cache)
+            k, v, mask, is_causal = _use_kv_cache(kv_cache, key is query and value is query, q, k, v, mask,
+                                                    is_causal)  # (B,H,S_all,D)
+        out, scores = attention(q, k, v, mask=mask, is_causal=is_causal)  # (B,H,L,D), (B,H,L,S)
         out = self.out_proj(merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)
         return (out, scores) if need_weights else out
 

@@ -302,3 +302,9 @@ def test_every_public_function_has_a_row():
     missing += [f"numpy {n}" for n in ("attention", "softmax", "causal_mask") if f"numpy {n}:" not in ids]
     missing += [n for n in ("show_heatmap", "show_heatmaps", "bar_scores") if f"{n}:" not in ids]
     assert not missing, f"no bad-input row for: {missing}"
+
+
+# --- issue 11: its rows live (and run) in tests/test_positions_cache.py; counted here too ---
+from test_positions_cache import BAD_INPUT_ROWS as _ISSUE11_ROWS  # noqa: E402
+
+ROWS = ROWS + _ISSUE11_ROWS  # a new list: the parametrized test above keeps its own rows

@@ -1,0 +1,265 @@
+"""一个会学习的小模型：词向量 + 位置 + 两个头的多头注意力 + 读出层，服务第 10 章。
+
+    x = embed(ids) (+ sinusoidal_positions)          (B, L, C)
+    out = MultiHeadAttention(C, 2)(x, mask=padding)   (B, L, C); RoPE rotates q and k inside
+    logits = readout(out[b, it_index[b]])             (B, n_objects): which object「它」means
+
+One attention layer, no feed-forward block: the answer has to come through the attention
+weights of the 「它」 position. Training runs in float64 on one CPU thread (whatever the
+process's thread count), so a fixed seed gives the same weights, the same accuracy and the
+same argmax tokens on every run, with 1 or 2 threads.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .masks import padding_mask
+from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .positions import apply_rotary, sinusoidal_positions
+
+POSITION_KINDS = ("none", "sinusoidal", "rope")
+
+
+class RotaryMultiHeadAttention(MultiHeadAttention):
+    """带旋转位置编码的多头注意力：在 Q、K 投影之后、点积之前，把每个头的 q 和 k 按位置旋转。
+
+    Same parameters and arguments as ``MultiHeadAttention`` (self-attention only). With a
+    ``kv_cache`` the new tokens are at positions ``len(cache) ..``, so cached keys keep the
+    rotation of their own positions.
+    """
+
+    _offset = 0
+
+    def _project(self, query, key, value):
+        q, k, v = super()._project(query, key, value)  # (B,L,C), (B,S,C), (B,S,C)
+        H = self.num_heads
+        pos_q = torch.arange(self._offset, self._offset + q.shape[1])  # (L,)
+        pos_k = torch.arange(self._offset, self._offset + k.shape[1])  # (S,)
+        q = merge_heads(apply_rotary(split_heads(q, H), pos_q))  # (B,L,C) -> (B,H,L,D) -> (B,L,C)
+        k = merge_heads(apply_rotary(split_heads(k, H), pos_k))  # (B,S,C) -> (B,H,S,D) -> (B,S,C)
+        return q, k, v
+
+    def forward(self, query, key=None, value=None, *, kv_cache=None, **kwargs):
+        """与 ``MultiHeadAttention.forward`` 相同；只允许自注意力（位置由序列本身决定）。"""
+        if key is not None or value is not None:
+            raise ValueError("RotaryMultiHeadAttention is self-attention only: leave key and value as None")
+        self._offset = len(kv_cache) if kv_cache is not None else 0
+        try:
+            return super().forward(query, kv_cache=kv_cache, **kwargs)
+        finally:
+            self._offset = 0
+
+
+class TinyItModel(nn.Module):
+    """解「它」指代的小模型：词向量、位置（无 / 正余弦 / RoPE）、两个头的注意力、读出层。
+
+    Args:
+        vocab_size: number of tokens.
+        n_objects: number of possible answers (the readout's outputs).
+        d_model: hidden size C.
+        num_heads: H (2 in chapter 10).
+        positions: ``"none"``, ``"sinusoidal"`` (added to the embeddings) or ``"rope"``.
+        max_len: longest sentence (size of the sinusoidal table).
+    """
+
+    def __init__(self, vocab_size: int, n_objects: int, *, d_model: int = 32, num_heads: int = 2,
+                 positions: str = "rope", max_len: int = 64):
+        super().__init__()
+        if positions not in POSITION_KINDS:
+            raise ValueError(f"positions must be one of {POSITION_KINDS}, got {positions!r}")
+        self.positions = positions
+        self.embed = nn.Embedding(vocab_size, d_model)  # (V) -> (C)
+        cls = RotaryMultiHeadAttention if positions == "rope" else MultiHeadAttention
+        self.attn = cls(d_model, num_heads)
+        self.readout = nn.Linear(d_model, n_objects)  # (C) -> (n_objects)
+        self.register_buffer("pe", sinusoidal_positions(max_len, d_model), persistent=False)  # (max_len,C)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, it_index: torch.Tensor):
+        """前向计算：返回每句的答案打分 (B, n_objects) 和注意力分数 (B, H, L, L)。
+
+        Args:
+            ids: (B, L) token ids, right-padded.
+            lengths: (B,) real lengths.
+            it_index: (B,) position of「它」in each sentence.
+
+        Returns:
+            ``(logits, scores)``: (B, n_objects) and (B, H, L, L).
+        """
+        B, L = ids.shape
+        x = self.embed(ids)  # (B,L) -> (B,L,C)
+        if self.positions == "sinusoidal":
+            x = x + self.pe[:L].to(x.dtype)  # (B,L,C) + (L,C) -> (B,L,C)
+        out, scores = self.attn(x, mask=padding_mask(lengths, L), need_weights=True)  # (B,L,C), (B,H,L,L)
+        h = out[torch.arange(B), it_index]  # (B,L,C) -> (B,C): the 「它」 position
+        return self.readout(h), scores  # (B,C) -> (B,n_objects)
+
+
+def build_model(positions: str = "rope", *, seed: int = 0, d_model: int = 32, num_heads: int = 2) -> TinyItModel:
+    """按固定种子造一个 float64 的小模型（词表和答案表来自 ``attn_lib.it_data``）。"""
+    from . import it_data
+
+    torch.manual_seed(seed)
+    model = TinyItModel(len(it_data.VOCAB), len(it_data.OBJECTS), d_model=d_model, num_heads=num_heads,
+                        positions=positions)
+    return model.double()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """在这段代码里只用一个线程（结果与进程的线程数无关），结束后恢复。"""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def train(model: TinyItModel, data: dict, *, steps: int = 200, batch_size: int = 128, lr: float = 0.02,
+          seed: int = 0) -> list[float]:
+    """用 Adam 训练 ``steps`` 步（固定种子、单线程、float64），返回每一步的损失。
+
+    Args:
+        model: a ``TinyItModel``.
+        data: ``attn_lib.it_data.encode(...)`` of the training split.
+        steps: number of optimisation steps.
+        batch_size: sentences per step (drawn with a seeded generator).
+        lr: Adam's learning rate.
+        seed: seed of the batch order.
+
+    Returns:
+        The training loss (cross-entropy) at every step.
+    """
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    N = data["ids"].shape[0]
+    losses = []
+    model.train()
+    with one_thread():
+        for _ in range(steps):
+            idx = torch.randint(0, N, (batch_size,), generator=g)  # (batch,)
+            lengths = data["lengths"][idx]  # (batch,)
+            L = int(lengths.max())
+            logits, _ = model(data["ids"][idx, :L], lengths, data["it_index"][idx])  # (batch,n_objects)
+            loss = F.cross_entropy(logits, data["target"][idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def predict(model: TinyItModel, data: dict):
+    """对一个划分做预测：返回答案编号 (N,) 和注意力分数 (N, H, L, L)。"""
+    with one_thread():
+        logits, scores = model(data["ids"], data["lengths"], data["it_index"])  # (N,n_objects), (N,H,L,L)
+    return logits.argmax(-1), scores
+
+
+def accuracy(model: TinyItModel, data: dict) -> float:
+    """准确率：预测的物体等于答案的句子所占的比例。"""
+    pred, _ = predict(model, data)
+    return float((pred == data["target"]).double().mean())
+
+
+def without_head(model: TinyItModel, head: int) -> TinyItModel:
+    """去掉一个头：复制模型，把这个头的值投影清零（它的输出因此恒为 0），其余不变。"""
+    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < model.attn.num_heads:
+        raise ValueError(f"head must be an int in 0..{model.attn.num_heads - 1}, got {head!r}")
+    ablated = copy.deepcopy(model)
+    C, D = ablated.attn.d_model, ablated.attn.head_dim
+    rows = slice(2 * C + head * D, 2 * C + (head + 1) * D)  # the value rows of this head in (3C, C)
+    with torch.no_grad():
+        ablated.attn.qkv.weight[rows] = 0.0
+        if ablated.attn.qkv.bias is not None:
+            ablated.attn.qkv.bias[rows] = 0.0
+    return ablated
+
+
+ROLES = ("own_verb", "target", "other", "distractor_verb", "distractor_object", "it", "rest")
+
+
+def token_roles(example) -> list[str]:
+    """给句子里每个词标上它的角色：「它」自己那一句的动词、答案、另一个物体、干扰句的动词和物体、「它」、其余。"""
+    roles = ["rest"] * len(example.tokens)
+    roles[example.it_index] = "it"
+    roles[example.it_index + (2 if example.form == "被" else 1)] = "own_verb"
+    from .it_data import CLASS_OF
+
+    objects = [i for i, t in enumerate(example.tokens) if t in CLASS_OF]  # 2 listed objects (+1 in a distractor)
+    for i in objects[:2]:
+        roles[i] = "target" if example.tokens[i] == example.target else "other"
+    if example.distractor:
+        roles[objects[2]] = "distractor_object"
+        roles[objects[2] - 1] = "distractor_verb"
+    return roles
+
+
+def attention_by_role(examples, scores: torch.Tensor) -> torch.Tensor:
+    """「它」的注意力按词的角色汇总：返回 (H, len(ROLES))，第 h 行是第 h 个头分给每种角色的平均比例。
+
+    Args:
+        examples: N ``it_data.Example``.
+        scores: (N, H, L, L) attention scores of those sentences (``predict``).
+
+    Returns:
+        (H, len(ROLES)) float64: for each head, the weight 「它」 gives to each role, averaged
+        over the sentences (each row sums to 1).
+    """
+    H = scores.shape[1]
+    total = torch.zeros(H, len(ROLES), dtype=torch.float64)  # (H,R)
+    for n, ex in enumerate(examples):
+        row = scores[n, :, ex.it_index, : len(ex.tokens)].double()  # (H,len)
+        for j, role in enumerate(token_roles(ex)):
+            total[:, ROLES.index(role)] += row[:, j]  # (H,)
+    return total / len(examples)
+
+
+def object_vector_similarity(model: TinyItModel) -> dict:
+    """学到的物体向量里，同类两两之间与异类两两之间的点积：平均余弦、点积为正 / 为负的比例。
+
+    Looks at two sets of vectors, each one row per object: the input embeddings and the
+    readout rows. Returns ``{name: {"same_cos", "diff_cos", "same_positive", "diff_negative"}}``.
+    """
+    from .it_data import CLASS_OF, OBJECTS, TOKEN_ID
+
+    classes = [CLASS_OF[o] for o in OBJECTS]
+    same = torch.tensor([[a == b for b in classes] for a in classes])  # (n,n)
+    off_diag = same & ~torch.eye(len(OBJECTS), dtype=torch.bool)  # same class, different objects
+    result = {}
+    vectors = {"embedding": model.embed.weight[[TOKEN_ID[o] for o in OBJECTS]], "readout": model.readout.weight}
+    for name, w in vectors.items():
+        w = w.detach().double()  # (n,C)
+        dots = w @ w.T  # (n,C) @ (C,n) -> (n,n)
+        cos = F.normalize(w, dim=-1) @ F.normalize(w, dim=-1).T  # (n,n)
+        result[name] = {
+            "same_cos": float(cos[off_diag].mean()), "diff_cos": float(cos[~same].mean()),
+            "same_positive": float((dots[off_diag] > 0).double().mean()),
+            "diff_negative": float((dots[~same] < 0).double().mean()),
+        }
+    return result
+
+
+def run_experiment(positions: str = "rope", *, seed: int = 0, n_train: int = 3000, n_test: int = 1000) -> dict:
+    """第 10 章的实验：生成数据、按种子建模型、训练，返回模型、两个划分、编码后的张量和损失曲线。"""
+    from . import it_data
+
+    train_examples = it_data.make_split("train", n_train, seed=seed)
+    test_examples = it_data.make_split("test", n_test, seed=seed)
+    train_data, test_data = it_data.encode(train_examples), it_data.encode(test_examples)
+    model = build_model(positions, seed=seed)
+    losses = train(model, train_data, seed=seed)
+    return {"model": model, "train": train_examples, "test": test_examples, "train_data": train_data,
+            "test_data": test_data, "losses": losses}
+
+
+__all__ = ["ROLES", "token_roles", "attention_by_role", "object_vector_similarity", "run_experiment",
+           "TinyItModel", "RotaryMultiHeadAttention", "build_model", "train", "predict", "accuracy",
+           "without_head", "one_thread", "POSITION_KINDS"]
