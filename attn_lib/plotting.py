@@ -1,13 +1,25 @@
-"""画图:注意力分数热力图(格子里写上数)、分数柱状图,以及全书唯一的中文字体选择。
+"""画图(各章共用;第 01–04、06–08、11 章):注意力分数热力图、分数柱状图、FlashAttention 分块示意图,以及中文字体。
 
-The first plot calls ``setup_chinese_font()``, which picks the first installed CJK font from
-``CJK_FONT_CANDIDATES``. When none is installed it warns once with how to get one
-(Chinese labels would otherwise show as empty boxes).
+Font: ``find_chinese_font()`` picks the first installed CJK font from ``CJK_FONT_CANDIDATES``
+with matplotlib's public font API; when none is installed ``setup_chinese_font()`` warns once
+with how to get one (Chinese labels would otherwise show as empty boxes).
+
+Global state: only ``setup_chinese_font()`` changes matplotlib's global rcParams, once, when a
+notebook calls it (every chapter does, in its import cell, so that the figures a chapter
+draws with plain matplotlib also get the Chinese font). The plotting functions below change
+no global setting: they draw inside ``book_style()``, a ``matplotlib.rc_context`` whose font
+is named explicitly, so their text keeps the Chinese font whatever the global settings are.
+
+Figures are at most ``MAX_WIDTH_IN`` (7) inches wide, so that they are shown at full size in
+the website's text column; the notebooks' set-up cell saves inline figures at twice the
+pixel density (``retina``), so they are sharp on high-density screens.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import warnings
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -25,6 +37,10 @@ CJK_FONT_CANDIDATES = (
     "Heiti SC",
     "Arial Unicode MS",
 )
+
+# Widest figure the book draws (inches): at matplotlib's 100 dpi that is 700 CSS pixels, the
+# width of the website's text column on a laptop.
+MAX_WIDTH_IN = 7.0
 
 NO_FONT_MESSAGE = (
     "没有找到中文字体,图里的中文会显示成方框。安装一个再重启内核即可:"
@@ -44,40 +60,110 @@ def _installed_font_names() -> set[str]:
     return {f.name for f in font_manager.fontManager.ttflist}
 
 
+def _add_new_system_fonts() -> None:
+    """Register font files installed after matplotlib cached its font list (public API only)."""
+    from matplotlib import font_manager
+
+    known = {f.fname for f in font_manager.fontManager.ttflist}
+    for path in font_manager.findSystemFonts():
+        if path not in known:
+            with contextlib.suppress(Exception):  # a file FreeType cannot read is skipped
+                font_manager.fontManager.addfont(path)
+
+
 def find_chinese_font() -> str | None:
     """返回第一个已安装的中文字体名;都没有就返回 None。
 
-    Matplotlib caches its font list; a font installed after the cache was written is found
-    by rebuilding the cache once.
+    Matplotlib caches its font list; a font installed after the cache was written (on Colab,
+    by the set-up cell) is found by registering the system's new font files once.
     """
     names = _installed_font_names()
-    for cand in CJK_FONT_CANDIDATES:
-        if cand in names:
-            return cand
-    from matplotlib import font_manager
+    found = next((c for c in CJK_FONT_CANDIDATES if c in names), None)
+    if found is None:
+        _add_new_system_fonts()
+        names = _installed_font_names()
+        found = next((c for c in CJK_FONT_CANDIDATES if c in names), None)
+    return found
 
-    font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
-    names = _installed_font_names()
-    return next((c for c in CJK_FONT_CANDIDATES if c in names), None)
+
+def _font_or_none() -> str | None:
+    """The CJK font, looked up once per process (warns once when there is none)."""
+    global _chosen_font, _font_checked
+    if not _font_checked:
+        _font_checked = True
+        _chosen_font = find_chinese_font()
+        if _chosen_font is None:
+            warnings.warn(NO_FONT_MESSAGE, stacklevel=3)
+    return _chosen_font
+
+
+def book_rc() -> dict[str, Any]:
+    """本书画图用的 matplotlib 设置(rcParams 字典):中文字体写明字体名,负号用 ASCII 的减号。
+
+    The font family is a list of concrete font names (the CJK font, then DejaVu Sans for
+    glyphs it lacks), not the generic ``sans-serif``: text created under these settings keeps
+    the CJK font when it is drawn later, outside the style context.
+    """
+    font = _font_or_none()
+    rc: dict[str, Any] = {"axes.unicode_minus": False}
+    if font is not None:
+        rc["font.family"] = [font, "DejaVu Sans"]
+    return rc
+
+
+@contextlib.contextmanager
+def book_style() -> Iterator[None]:
+    """在这个 with 块里画的图用本书的设置(中文字体);块结束后全局设置原样恢复。"""
+    import matplotlib as mpl
+
+    with mpl.rc_context(book_rc()):
+        yield
+
+
+def _label_font(ax) -> None:
+    """Tick labels are created when the figure is drawn: name the CJK font on the Axes itself."""
+    family = book_rc().get("font.family")
+    if family is not None:
+        ax.tick_params(labelfontfamily=family)
+
+
+def _in_book_style(fn):
+    """Run a plotting function inside ``book_style()`` (no global setting changes)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with book_style():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _capped(width: float, height: float) -> tuple[float, float]:
+    """Scale a figure size down, keeping its shape, to at most ``MAX_WIDTH_IN`` wide."""
+    if width <= MAX_WIDTH_IN:
+        return width, height
+    return MAX_WIDTH_IN, height * MAX_WIDTH_IN / width
 
 
 def setup_chinese_font(*, force: bool = False) -> str | None:
-    """让 matplotlib 用中文字体;返回选中的字体名,找不到时提醒一次怎么安装并返回 None。"""
-    global _chosen_font, _font_checked
-    if _font_checked and not force:
-        return _chosen_font
+    """让这个进程里的 matplotlib 图都用中文字体;返回选中的字体名,找不到时提醒一次怎么安装并返回 None。
+
+    This is the one function that changes matplotlib's global rcParams (the notebooks call it
+    once, in their import cell, so that their own plain-matplotlib figures show Chinese).
+    ``force=True`` looks the font up again.
+    """
+    global _font_checked
     import matplotlib as mpl
 
-    _font_checked = True
-    _chosen_font = find_chinese_font()
-    if _chosen_font is None:
-        warnings.warn(NO_FONT_MESSAGE, stacklevel=2)
+    if force:
+        _font_checked = False
+    font = _font_or_none()
+    if font is None:
         return None
-    rest = [f for f in mpl.rcParams["font.sans-serif"] if f != _chosen_font]
-    mpl.rcParams["font.sans-serif"] = [_chosen_font, *rest]
+    rest = [f for f in mpl.rcParams["font.sans-serif"] if f != font]
+    mpl.rcParams["font.sans-serif"] = [font, *rest]
     mpl.rcParams["font.family"] = "sans-serif"
     mpl.rcParams["axes.unicode_minus"] = False
-    return _chosen_font
+    return font
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -95,6 +181,7 @@ def _format_cell(value: float, fmt: str) -> str:
     return fmt.format(value)
 
 
+@_in_book_style
 def show_heatmap(
     matrix: Any,
     *,
@@ -129,7 +216,6 @@ def show_heatmap(
     """
     import matplotlib.pyplot as plt
 
-    setup_chinese_font()
     m = to_numpy(matrix)
     if m.ndim != 2:
         raise ValueError(f"show_heatmap needs a 2-D (L, S) matrix, got shape {m.shape}; pick one head with m[b, h]")
@@ -138,7 +224,8 @@ def show_heatmap(
         if labels is not None and len(labels) != n:
             raise ValueError(f"{name} has {len(labels)} labels for {n} {'rows' if name[0] == 'r' else 'columns'}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.0 + 0.75 * S, 0.8 + 0.6 * L))
+        _, ax = plt.subplots(figsize=_capped(1.0 + 0.75 * S, 0.8 + 0.6 * L))
+    _label_font(ax)
     finite = np.where(np.isfinite(m), m, np.nan)
     cmap_obj = plt.get_cmap(cmap).with_extremes(bad="#d9d9d9")
     top = vmax if vmax is not None else (np.nanmax(finite) if np.isfinite(finite).any() else 1.0)
@@ -163,6 +250,7 @@ def show_heatmap(
     return ax
 
 
+@_in_book_style
 def show_heatmaps(
     matrices: Any,
     *,
@@ -180,7 +268,8 @@ def show_heatmaps(
             heads of the first batch element.
         titles: one title per matrix.
         row_labels, col_labels: shared tick labels.
-        ncols: columns in the grid (default: all in one row, at most 4).
+        ncols: columns in the grid (default: all in one row, at most 3). The figure is at
+            most ``MAX_WIDTH_IN`` inches wide (its height scaled to match).
         suptitle: a title for the whole figure.
         **kwargs: passed on to ``show_heatmap``.
 
@@ -189,17 +278,16 @@ def show_heatmaps(
     """
     import matplotlib.pyplot as plt
 
-    setup_chinese_font()
     mats = [to_numpy(m) for m in matrices]
     n = len(mats)
     if n == 0:
         raise ValueError("show_heatmaps needs at least one matrix")
     if titles is not None and len(titles) != n:
         raise ValueError(f"got {len(titles)} titles for {n} matrices")
-    ncols = ncols or min(n, 4)
+    ncols = ncols or min(n, 3)
     nrows = -(-n // ncols)
     L, S = mats[0].shape
-    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (1.2 + 0.7 * S), nrows * (1.0 + 0.55 * L)),
+    fig, axes = plt.subplots(nrows, ncols, figsize=_capped(ncols * (1.2 + 0.7 * S), nrows * (1.0 + 0.55 * L)),
                              squeeze=False)
     for i, ax in enumerate(axes.flat):
         if i >= n:
@@ -213,6 +301,7 @@ def show_heatmaps(
     return fig
 
 
+@_in_book_style
 def bar_scores(
     values: Any,
     labels: Sequence[str],
@@ -238,12 +327,12 @@ def bar_scores(
     """
     import matplotlib.pyplot as plt
 
-    setup_chinese_font()
     vals = to_numpy(values).reshape(-1)  # (...) -> (S,)
     if len(labels) != len(vals):
         raise ValueError(f"got {len(labels)} labels for {len(vals)} values")
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.2 + 0.9 * len(vals), 3.0))
+        _, ax = plt.subplots(figsize=_capped(1.2 + 0.9 * len(vals), 3.0))
+    _label_font(ax)
     bars = ax.bar(range(len(vals)), vals, color=color)
     ax.set_xticks(range(len(vals)), labels=list(labels))
     ax.set_ylabel(ylabel)
@@ -253,3 +342,93 @@ def bar_scores(
         ax.annotate(_format_cell(v, fmt), (b.get_x() + b.get_width() / 2, b.get_height()),
                     ha="center", va="bottom", fontsize=9)
     return ax
+
+
+def draw_flash_step(ax, i: int, j: int, *, n: int = 4, write_out: bool = False):
+    """在 ax 上画 FlashAttention 分块计算的一步(第 08 章):显存里的 Q、K、V、O 块,和此刻片上缓存里的东西。
+
+    Left: Q, K, V, O in HBM, each cut into ``n`` blocks (dark red = read or written in this
+    step, light red = Q_i, already on chip since j = 0). Right: what SRAM holds now (Q_i, K_j,
+    V_j, the small score block S_ij, the running max and sum m_i, ℓ_i, the accumulator acc_i).
+
+    Args:
+        ax: the matplotlib Axes to draw into.
+        i: query block, 0 <= i < n.
+        j: key/value block, 0 <= j < n.
+        n: number of blocks per matrix.
+        write_out: this is the last key block: O_i = acc_i / ℓ_i is written back to HBM.
+
+    Returns:
+        The Axes.
+    """
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    for name, value in (("i", i), ("j", j), ("n", n)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"draw_flash_step: {name} must be an int, got {type(value).__name__} {value!r}")
+    if n < 1 or not (0 <= i < n and 0 <= j < n):
+        raise ValueError(f"draw_flash_step: need 0 <= i, j < n with n >= 1, got i={i}, j={j}, n={n}")
+    if not isinstance(write_out, bool):
+        raise TypeError(f"draw_flash_step: write_out must be a bool, got {type(write_out).__name__} {write_out!r}")
+    ax.set_xlim(0, 10)
+    ax.set_ylim(-0.5, n + 1.5)
+    ax.axis("off")
+    ax.add_patch(Rectangle((0.1, -0.3), 4.65, n + 1.2, fill=False, lw=1.5, ls="--", ec="tab:blue"))
+    ax.text(2.4, n + 1.1, "显存 HBM(大、慢)", ha="center", color="tab:blue", fontsize=10)
+    ax.add_patch(Rectangle((6.3, -0.3), 3.6, n + 1.2, fill=False, lw=1.5, ls="--", ec="tab:green"))
+    ax.text(8.1, n + 1.1, "片上缓存 SRAM(小、快)", ha="center", color="tab:green", fontsize=10)
+    for name, x0 in {"Q": 0.3, "K": 1.45, "V": 2.6, "O": 3.75}.items():
+        ax.text(x0 + 0.4, n + 0.2, name, ha="center", fontsize=11)
+        for b in range(n):
+            y = n - 1 - b
+            active = (name == "Q" and b == i and j == 0) or (name in "KV" and b == j) or (name == "O" and b == i and write_out)
+            kept = name == "Q" and b == i and j > 0  # 早已读进片上,这一步不再读
+            ax.add_patch(Rectangle((x0, y), 0.8, 0.9, fc="tab:red" if active else ("#f4a6a0" if kept else "#e6e6e6"),
+                                   ec="black", lw=0.8))
+            ax.text(x0 + 0.4, y + 0.45, f"{name}{b}", ha="center", va="center", fontsize=8,
+                    color="white" if active else "black")
+    on_chip = [(f"Q{i}", 6.55, n - 1.2), (f"K{j}", 7.75, n - 1.2), (f"V{j}", 8.95, n - 1.2),
+               (f"S{i}{j}\n小块分数", 6.55, n - 2.6), (f"m{i} ℓ{i}", 7.75, n - 2.6), (f"acc{i}", 8.95, n - 2.6)]
+    for label, x0, y in on_chip:
+        ax.add_patch(Rectangle((x0, y), 0.9, 0.9, fc="#fde0dd", ec="tab:red", lw=0.8))
+        ax.text(x0 + 0.45, y + 0.45, label, ha="center", va="center", fontsize=7.5)
+    read = "读 K、V" if j > 0 else "读 Q、K、V"
+    ax.add_patch(FancyArrowPatch((4.85, n - 0.6), (6.2, n - 0.6), arrowstyle="-|>", mutation_scale=14,
+                                 color="tab:red", lw=1.5))
+    ax.text(5.52, n - 0.35, read, ha="center", fontsize=8, color="tab:red")
+    if write_out:
+        ax.add_patch(FancyArrowPatch((6.2, 0.4), (4.85, 0.4), arrowstyle="-|>", mutation_scale=14,
+                                     color="tab:purple", lw=1.5))
+        ax.text(5.52, 0.65, f"写 O{i}", ha="center", fontsize=8, color="tab:purple")
+    title = f"查询块 i = {i},键块 j = {j}" + (f"(最后一块):O{i} = acc{i} / ℓ{i} 写回" if write_out else "")
+    ax.set_title(title, fontsize=10)
+    return ax
+
+
+@_in_book_style
+def show_flash_steps(steps: Sequence[tuple[int, int, bool]], *, n: int = 4, suptitle: str | None = None):
+    """把 FlashAttention 分块计算的几步上下排成一张图(第 08 章),每步一格,图宽 7 英寸。
+
+    Args:
+        steps: ``(i, j, write_out)`` per step, drawn top to bottom (see ``draw_flash_step``).
+        n: number of blocks per matrix.
+        suptitle: a title for the whole figure.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    steps = list(steps)
+    if not steps:
+        raise ValueError("show_flash_steps needs at least one (i, j, write_out) step")
+    fig, axes = plt.subplots(len(steps), 1, figsize=(MAX_WIDTH_IN, 0.5 + 2.9 * len(steps)), squeeze=False)
+    for ax, step in zip(axes[:, 0], steps):
+        if len(step) != 3:
+            raise ValueError(f"show_flash_steps: each step is (i, j, write_out), got {step!r}")
+        i, j, write_out = step
+        draw_flash_step(ax, i, j, n=n, write_out=write_out)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=11)
+    fig.tight_layout()
+    return fig

@@ -5,3 +5,7 @@ if importlib.util.find_spec("attn_lib") is None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", _source], check=True)
     if "google.colab" in sys.modules:
         subprocess.run("apt-get -qq install -y fonts-noto-cjk > /dev/null", shell=True, check=False)
+try:  # 图按两倍像素保存,高分屏上也清晰(不在 Jupyter / Colab 里运行时跳过)
+    get_ipython().run_line_magic("config", "InlineBackend.figure_formats = ['retina']")
+except NameError:
+    pass
