@@ -1,4 +1,4 @@
-"""基准测试的测量结果,随 attn_lib 一起安装(第 08 章读它画图)。
+"""基准测试的测量结果，随 attn_lib 一起安装（第 08 章读它画图）。
 
 ``bench/cpu.py`` writes its measurements to ``bench/results/cpu.json`` in the repository.
 A copy ships inside the package as ``attn_lib/data/cpu_bench.json`` (``package-data`` in
@@ -18,7 +18,7 @@ CPU_BENCH_RESOURCE = "cpu_bench.json"
 
 
 def load_cpu_bench() -> dict[str, Any]:
-    """读出随包安装的 CPU 基准测试结果(bench/cpu.py 测得的那张表)。
+    """读出随包安装的 CPU 基准测试结果（bench/cpu.py 测得的那张表）。
 
     Returns:
         The JSON object of ``bench/results/cpu.json``: ``machine`` (where it was measured),

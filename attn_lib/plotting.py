@@ -1,4 +1,4 @@
-"""画图(各章共用;第 01–04、06–08、11 章):注意力分数热力图、分数柱状图、FlashAttention 分块示意图,以及中文字体。
+"""画图（各章共用；第 01–04、06–08、11 章）：注意力分数热力图、分数柱状图、FlashAttention 分块示意图，以及中文字体。
 
 Font: ``find_chinese_font()`` picks the first installed CJK font from ``CJK_FONT_CANDIDATES``
 with matplotlib's public font API; when none is installed ``setup_chinese_font()`` warns once
@@ -43,11 +43,11 @@ CJK_FONT_CANDIDATES = (
 MAX_WIDTH_IN = 7.0
 
 NO_FONT_MESSAGE = (
-    "没有找到中文字体,图里的中文会显示成方框。安装一个再重启内核即可:"
+    "没有找到中文字体，图里的中文会显示成方框。安装一个再重启内核即可："
     "Debian/Ubuntu 运行 `sudo apt-get install fonts-noto-cjk`;"
     "Google Colab 运行 `!apt-get -qq install fonts-noto-cjk`;"
     "macOS 与 Windows 自带的 PingFang SC / Microsoft YaHei 会被自动选中。"
-    f"(attn_lib 依次查找:{', '.join(CJK_FONT_CANDIDATES)})"
+    f"（attn_lib 依次查找：{', '.join(CJK_FONT_CANDIDATES)}）"
 )
 
 _chosen_font: str | None = None
@@ -72,7 +72,7 @@ def _add_new_system_fonts() -> None:
 
 
 def find_chinese_font() -> str | None:
-    """返回第一个已安装的中文字体名;都没有就返回 None。
+    """返回第一个已安装的中文字体名；都没有就返回 None。
 
     Matplotlib caches its font list; a font installed after the cache was written (on Colab,
     by the set-up cell) is found by registering the system's new font files once.
@@ -98,7 +98,7 @@ def _font_or_none() -> str | None:
 
 
 def book_rc() -> dict[str, Any]:
-    """本书画图用的 matplotlib 设置(rcParams 字典):中文字体写明字体名,负号用 ASCII 的减号。
+    """本书画图用的 matplotlib 设置（rcParams 字典）：中文字体写明字体名，负号用 ASCII 的减号。
 
     The font family is a list of concrete font names (the CJK font, then DejaVu Sans for
     glyphs it lacks), not the generic ``sans-serif``: text created under these settings keeps
@@ -113,7 +113,7 @@ def book_rc() -> dict[str, Any]:
 
 @contextlib.contextmanager
 def book_style() -> Iterator[None]:
-    """在这个 with 块里画的图用本书的设置(中文字体);块结束后全局设置原样恢复。"""
+    """在这个 with 块里画的图用本书的设置（中文字体）；块结束后全局设置原样恢复。"""
     import matplotlib as mpl
 
     with mpl.rc_context(book_rc()):
@@ -145,7 +145,7 @@ def _capped(width: float, height: float) -> tuple[float, float]:
 
 
 def setup_chinese_font(*, force: bool = False) -> str | None:
-    """让这个进程里的 matplotlib 图都用中文字体;返回选中的字体名,找不到时提醒一次怎么安装并返回 None。
+    """让这个进程里的 matplotlib 图都用中文字体；返回选中的字体名，找不到时提醒一次怎么安装并返回 None。
 
     This is the one function that changes matplotlib's global rcParams (the notebooks call it
     once, in their import cell, so that their own plain-matplotlib figures show Chinese).
@@ -167,7 +167,7 @@ def setup_chinese_font(*, force: bool = False) -> str | None:
 
 
 def to_numpy(x: Any) -> np.ndarray:
-    """把 torch 张量或任何数组转成 float64 的 numpy 数组(用于画图)。"""
+    """把 torch 张量或任何数组转成 float64 的 numpy 数组（用于画图）。"""
     if hasattr(x, "detach"):
         x = x.detach().cpu().double().numpy()
     return np.asarray(x, dtype=np.float64)
@@ -198,7 +198,7 @@ def show_heatmap(
     annotate: bool = True,
     colorbar: bool = True,
 ):
-    """画一张注意力分数热力图,每个格子里写上数值。
+    """画一张注意力分数热力图，每个格子里写上数值。
 
     Args:
         matrix: 2-D array (L, S): rows are queries, columns are keys (numpy or torch).
@@ -261,7 +261,7 @@ def show_heatmaps(
     suptitle: str | None = None,
     **kwargs,
 ):
-    """把多张热力图排成一格一格(比如每个头一张)。
+    """把多张热力图排成一格一格（比如每个头一张）。
 
     Args:
         matrices: array (N, L, S) or a list of (L, S) matrices, e.g. ``scores[0]`` for the
@@ -312,7 +312,7 @@ def bar_scores(
     fmt: str = "{:.2f}",
     color: str = "tab:red",
 ):
-    """画一组分数的柱状图,柱顶写上数值(比如「它」分给 水 / 书 / 打翻 的比例)。
+    """画一组分数的柱状图，柱顶写上数值（比如「它」分给 水 / 书 / 打翻 的比例）。
 
     Args:
         values: 1-D array of length S.
@@ -345,7 +345,7 @@ def bar_scores(
 
 
 def draw_flash_step(ax, i: int, j: int, *, n: int = 4, write_out: bool = False):
-    """在 ax 上画 FlashAttention 分块计算的一步(第 08 章):显存里的 Q、K、V、O 块,和此刻片上缓存里的东西。
+    """在 ax 上画 FlashAttention 分块计算的一步（第 08 章）：显存里的 Q、K、V、O 块，和此刻片上缓存里的东西。
 
     Left: Q, K, V, O in HBM, each cut into ``n`` blocks (dark red = read or written in this
     step, light red = Q_i, already on chip since j = 0). Right: what SRAM holds now (Q_i, K_j,
@@ -374,9 +374,9 @@ def draw_flash_step(ax, i: int, j: int, *, n: int = 4, write_out: bool = False):
     ax.set_ylim(-0.5, n + 1.5)
     ax.axis("off")
     ax.add_patch(Rectangle((0.1, -0.3), 4.65, n + 1.2, fill=False, lw=1.5, ls="--", ec="tab:blue"))
-    ax.text(2.4, n + 1.1, "显存 HBM(大、慢)", ha="center", color="tab:blue", fontsize=10)
+    ax.text(2.4, n + 1.1, "显存 HBM（大、慢）", ha="center", color="tab:blue", fontsize=10)
     ax.add_patch(Rectangle((6.3, -0.3), 3.6, n + 1.2, fill=False, lw=1.5, ls="--", ec="tab:green"))
-    ax.text(8.1, n + 1.1, "片上缓存 SRAM(小、快)", ha="center", color="tab:green", fontsize=10)
+    ax.text(8.1, n + 1.1, "片上缓存 SRAM（小、快）", ha="center", color="tab:green", fontsize=10)
     for name, x0 in {"Q": 0.3, "K": 1.45, "V": 2.6, "O": 3.75}.items():
         ax.text(x0 + 0.4, n + 0.2, name, ha="center", fontsize=11)
         for b in range(n):
@@ -400,14 +400,14 @@ def draw_flash_step(ax, i: int, j: int, *, n: int = 4, write_out: bool = False):
         ax.add_patch(FancyArrowPatch((6.2, 0.4), (4.85, 0.4), arrowstyle="-|>", mutation_scale=14,
                                      color="tab:purple", lw=1.5))
         ax.text(5.52, 0.65, f"写 O{i}", ha="center", fontsize=8, color="tab:purple")
-    title = f"查询块 i = {i},键块 j = {j}" + (f"(最后一块):O{i} = acc{i} / ℓ{i} 写回" if write_out else "")
+    title = f"查询块 i = {i}，键块 j = {j}" + (f"（最后一块）：O{i} = acc{i} / ℓ{i} 写回" if write_out else "")
     ax.set_title(title, fontsize=10)
     return ax
 
 
 @_in_book_style
 def show_flash_steps(steps: Sequence[tuple[int, int, bool]], *, n: int = 4, suptitle: str | None = None):
-    """把 FlashAttention 分块计算的几步上下排成一张图(第 08 章),每步一格,图宽 7 英寸。
+    """把 FlashAttention 分块计算的几步上下排成一张图（第 08 章），每步一格，图宽 7 英寸。
 
     Args:
         steps: ``(i, j, write_out)`` per step, drawn top to bottom (see ``draw_flash_step``).

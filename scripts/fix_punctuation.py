@@ -372,33 +372,18 @@ def _split(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-# Figure cells of these chapters are being re-laid out on another branch (the site work):
-# they are left alone until that branch is merged. At merge: run this script with
-# --include-deferred once, re-execute those chapters, then empty both sets.
-DEFERRED_FIGURE_NOTEBOOKS = {"04_scaling.ipynb", "07_multi_head.ipynb", "08_flash_attention.ipynb"}
-DEFERRED_FILES = {"attn_lib/plotting.py"}
-INCLUDE_DEFERRED = False
-_FIGURE_CODE = re.compile(r"plt\.|\bfig\b|\bax\.|\baxes\b|show_heatmaps?\(|bar_scores\(|widgets\.")
-
-
-def is_deferred_cell(notebook_name: str, cell: dict) -> bool:
-    """A figure cell of a chapter whose figures another branch re-lays out (see above)."""
-    if INCLUDE_DEFERRED or notebook_name not in DEFERRED_FIGURE_NOTEBOOKS:
-        return False
-    if cell.get("cell_type") != "code":
-        return False
-    has_image = any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
-    return has_image or bool(_FIGURE_CODE.search(_join(cell.get("source", ""))))
-
-
 def fix_notebook(raw: str, name: str = "") -> str:
     """修一个 notebook 的 markdown 格和代码格里的中文字符串；返回新的 JSON 文本。"""
     nb = json.loads(raw)
     changed = False
     for cell in nb.get("cells", []):
         src = _join(cell.get("source", ""))
-        if is_deferred_cell(name, cell):
-            continue
+        image = cell.get("metadata", {}).get("mystnb", {}).get("image", {})
+        if isinstance(image.get("alt"), str):  # a figure's alt text (Chinese, read by screen readers)
+            alt = fix_text(image["alt"])
+            if alt != image["alt"]:
+                image["alt"] = alt
+                changed = True
         if cell.get("cell_type") == "markdown":
             new = fix_markdown(src)
         elif cell.get("cell_type") == "code":
@@ -435,13 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="*", type=Path, help="files to fix (default: the whole book)")
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file would change")
     ap.add_argument("--exclude", action="append", default=[], help="a path to leave alone (repeatable)")
-    ap.add_argument("--include-deferred", action="store_true",
-                    help="also fix the figure cells of DEFERRED_FIGURE_NOTEBOOKS and DEFERRED_FILES")
     args = ap.parse_args(argv)
-    global INCLUDE_DEFERRED
-    INCLUDE_DEFERRED = args.include_deferred
-    if not args.include_deferred:
-        args.exclude = list(args.exclude) + sorted(DEFERRED_FILES)
     files = args.files or default_files()
     excluded = {(ROOT / e).resolve() for e in args.exclude}
     todo = [f for f in files if f.resolve() not in excluded]

@@ -30,13 +30,7 @@ BAD = re.compile(rf"[{HAN}][,:;?!()]|[,:;?!()][{HAN}]")
 MARKDOWN_FILES = [p for p in [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
                               *sorted((ROOT / "chapters").glob("*.md"))] if p.exists()]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
-PY_FILES = [p for p in sorted((ROOT / "attn_lib").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
-            if str(p.relative_to(ROOT)) not in fp.DEFERRED_FILES]
-
-
-def _deferred(path, cell) -> bool:
-    # Figure cells another branch re-lays out; see fix_punctuation.DEFERRED_FIGURE_NOTEBOOKS.
-    return fp.is_deferred_cell(path.name, cell)
+PY_FILES = sorted((ROOT / "attn_lib").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
 
 
 def _violations(text: str) -> list[str]:
@@ -79,7 +73,7 @@ def test_notebook_code_strings(path):
     nb = nbformat.read(path, as_version=4)
     found = []
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and not _deferred(path, cell):
+        if cell.cell_type == "code":
             for lit in fp.chinese_python_literals(cell.source):
                 found += [f"[cell {i}] {v}" for v in _violations(lit)]
     assert not found, _report(path.name, found)
@@ -91,12 +85,22 @@ def test_notebook_printed_chinese(path):
     nb = nbformat.read(path, as_version=4)
     found = []
     for i, cell in enumerate(nb.cells):
-        if _deferred(path, cell):
-            continue
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if out.get("output_type") == "stream" and out.get("name") == "stdout":
                 for line in out.get("text", "").splitlines():
                     found += [f"[cell {i}] {v}" for v in _violations(line)]
+    assert not found, _report(path.name, found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_figure_alt_text(path):
+    """Every figure's alt text (cell metadata mystnb.image.alt) follows the same rule."""
+    nb = nbformat.read(path, as_version=4)
+    found = []
+    for i, cell in enumerate(nb.cells):
+        alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")
+        if alt is not None:
+            found += [f"[cell {i}] {v}" for v in _violations(alt)]
     assert not found, _report(path.name, found)
 
 
