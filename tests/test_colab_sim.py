@@ -181,7 +181,7 @@ def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
         if i == 0:
             continue  # the set-up cell installs here (pip may talk)
         assert not stderr, f"{chapter.name} code cell {i} wrote to stderr in the fresh environment: {stderr}"
-        if IGNORE_TAGS & set(want.metadata.get("tags", [])) or want.source.lstrip().startswith("# NBVAL_IGNORE_OUTPUT"):
+        if IGNORE_TAGS & set(want.metadata.get("tags", [])):
             continue  # ignored cells vary by design
         if _checked_text(want):
             compared += 1

@@ -17,11 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
 
-# Raw float reprs (e.g. 0.28000000119209290 from float32 .item()) carry 10+ decimals; a cell
-# that prints such digits on purpose (an exactly reproducible IEEE example such as 0.1 + 0.2)
-# says so with the comment "# NBVAL_EXACT_DIGITS".
+# Raw float reprs (e.g. 0.28000000119209290 from float32 .item()) carry 10+ decimals; only
+# cells tagged nbval-ignore-output / nbval-skip may print them. Testing markers are cell tags,
+# never "# NBVAL_..." comments (the website would show those to the reader).
 LONG_FLOAT = re.compile(r"\d\.\d{10,}")
-IGNORE_MARKERS = ("# NBVAL_IGNORE_OUTPUT", "# NBVAL_SKIP", "# NBVAL_EXACT_DIGITS")
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
 params = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -42,6 +41,14 @@ def _output_text(out) -> str:
 
 def test_there_are_notebooks():
     assert NOTEBOOKS, "no chapters/*.ipynb found"
+
+
+@params
+def test_no_nbval_comments(path):
+    """nbval's markers are cell tags: a "# NBVAL_..." comment would be shown on the website."""
+    _, cells = _code_cells(path)
+    bad = [i for i, c in cells if "NBVAL" in c.source]
+    assert not bad, f"{path.name}: cells {bad} carry an NBVAL comment; tag them nbval-ignore-output instead"
 
 
 @params
@@ -87,9 +94,6 @@ def test_checked_outputs_print_rounded_numbers(path):
     _, cells = _code_cells(path)
     problems = []
     for i, cell in cells:
-        first = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
-        if any(m in cell.source for m in IGNORE_MARKERS[2:]) or first.startswith(IGNORE_MARKERS[:2]):
-            continue
         if IGNORE_TAGS & set(cell.metadata.get("tags", [])):
             continue
         for out in cell.get("outputs", []):
