@@ -9,8 +9,10 @@ verb that fits only one of the two classes; the target is the object 「它」 r
 Order and distractors vary so that position alone cannot solve it: the target is the first or
 the second object with equal probability, and half of the sentences carry a distractor clause
 (``弟弟 刚 吃光 包子 ，``) with a third object of a third class and a verb that fits it, so "the
-nearest noun" and "the object that fits some verb in the sentence" are both wrong there. Only
-"the verb in 「它」's own clause" works, and telling which verb that is needs word order.
+nearest noun" is wrong there, and so is "any object that fits some verb in the sentence" (two
+do). What works is "the object that fits the verb of 「它」's own clause" or, because the
+distractor clause always comes after the two objects, "the earliest object that fits some verb"
+(chapter 10 measures both rules); either needs word order.
 
 The held-out split uses *frames* (place × existence verb × connector) never seen in training;
 every word of a held-out frame does occur in training, in other combinations. Train and test
