@@ -12,7 +12,8 @@ the second object with equal probability, and half of the sentences carry a dist
 nearest noun" is wrong there, and so is "any object that fits some verb in the sentence" (two
 do). What works is "the object that fits the verb of 「它」's own clause" or, because the
 distractor clause always comes after the two objects, "the earliest object that fits some verb"
-(chapter 10 measures both rules); either needs word order.
+(chapter 10 prints how often the latter and the nearest fitting object are right); either needs
+word order.
 
 The held-out split uses *frames* (place × existence verb × connector) never seen in training;
 every word of a held-out frame does occur in training, in other combinations. Train and test
