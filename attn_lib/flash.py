@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import numbers
 
 import torch
 
@@ -85,12 +86,18 @@ def _triton_mode_for(q) -> bool:
     return interpret
 
 
+def _check_scale_type(scale) -> None:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale must be a positive number or None, got {scale!r}; pass a Python float, "
+                        "e.g. scale=0.125 (the Triton kernels take no tensor or string scale)")
+
+
 def _check_triton_common(q, causal, key_padding_mask, B, S, block_m, block_n) -> None:
     check_bool("causal", causal)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     if q.dtype == torch.float64:
-        raise TypeError("the Triton kernel takes float16, bfloat16 or float32, got torch.float64; "
-                        "for float64 use backend='torch'")
+        raise TypeError("the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
+                        "(got q.dtype=torch.float64)")
     for name, value in (("block_m", block_m), ("block_n", block_n)):
         if value is not None and (check_positive_int(name, value) < 16 or value & (value - 1)):
             raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
@@ -129,6 +136,7 @@ def flash_attention_triton(q, k, v, *, causal: bool = False, scale: float | None
     Raises:
         ValueError: a scaled score overflowed to +inf in float32 (checked once, on lse).
     """
+    _check_scale_type(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     _check_triton_common(q, causal, key_padding_mask, B, S, block_m, block_n)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -186,6 +194,7 @@ def flash_attention_triton_backward(q, k, v, out, lse, dout, *, causal: bool = F
     _check_like("out", out, (B, H, L, Dv), q.dtype, q.device)
     _check_like("dout", dout, (B, H, L, Dv), q.dtype, q.device)
     _check_like("lse", lse, (B, H, L), torch.float32, q.device)
+    _check_scale_type(scale)
     scale = check_scale(scale)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     interpret = _triton_mode_for(q)
