@@ -9,6 +9,10 @@ it once, before attn_lib imports Triton, and keeps the answer:
 
 - Triton not imported yet: interpret if ``TRITON_INTERPRET=1`` is set or there is no CUDA
   device (then it sets ``TRITON_INTERPRET=1`` for the rest of the process), else compile.
+- Importing attn_lib already sets ``TRITON_INTERPRET=1`` when it can tell without touching
+  CUDA that the process has no CUDA device (a CPU-only torch build; on Linux, no
+  ``/dev/nvidia*`` device file), because torch itself may import Triton before attn_lib's
+  first kernel call (``TorchDispatchMode``, ``torch.compile``). It never imports Triton.
 - Triton already imported (by torch.compile, by the reader's own code): its mode stands.
   Compiled mode on a machine without a CUDA device cannot run anything, so that is a clear
   error naming the remedy (set ``TRITON_INTERPRET=1`` first, or call
@@ -16,6 +20,7 @@ it once, before attn_lib imports Triton, and keeps the answer:
 """
 from __future__ import annotations
 
+import glob
 import os
 import sys
 
@@ -123,8 +128,34 @@ def triton_interprets() -> bool:
     return interpret
 
 
+def no_cuda_device_for_sure() -> bool:
+    """不触碰 CUDA 就能断定本进程没有 CUDA GPU 吗(CPU 版 torch;Linux 上没有 /dev/nvidia* 设备文件)。"""
+    import torch
+
+    if torch.version.hip is not None:  # ROCm: leave the choice to triton_interprets()
+        return False
+    if torch.version.cuda is None:  # a CPU-only build of torch
+        return True
+    return sys.platform.startswith("linux") and not glob.glob("/dev/nvidia[0-9]*")
+
+
+def prefer_interpreter_early() -> None:
+    """导入 attn_lib 时调用:确定没有 GPU 且 Triton 还没被导入时,先设好 TRITON_INTERPRET=1。
+
+    Does nothing when ``TRITON_INTERPRET`` is already set, when Triton is already imported, or
+    when a CUDA device may exist (then ``triton_interprets()`` decides at the first kernel call).
+    """
+    if TRITON_ENV in os.environ or "triton" in sys.modules or _triton_mode:
+        return
+    if no_cuda_device_for_sure():
+        os.environ[TRITON_ENV] = "1"
+
+
 def cuda_capability(device) -> tuple:
     """GPU 的计算能力 (major, minor),例如 T4 是 (7, 5)、A100 是 (8, 0)。"""
     import torch
 
     return tuple(torch.cuda.get_device_capability(device))
+
+
+prefer_interpreter_early()

@@ -161,6 +161,12 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpr
 def test_attn_lib_first_sets_interpret_mode_for_the_whole_process():
     code = (
         "import os, sys, torch, attn_lib\n"
+        "print('triton' in sys.modules, os.environ.get('TRITON_INTERPRET'))\n"
+        "from torch.utils._python_dispatch import TorchDispatchMode\n"
+        "class Spy(TorchDispatchMode):\n"
+        "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n"
+        "        return func(*args, **(kwargs or {}))\n"
+        "with Spy(): torch.ones(2) + 1\n"  # torch imports triton here (the book's memory spy does this)
         "print('triton' in sys.modules)\n" + _RUN_KERNEL +
         "print(os.environ.get('TRITON_INTERPRET'))\n"
         "import triton.language, torch._dynamo\n"  # later imports see the same mode
@@ -168,7 +174,7 @@ def test_attn_lib_first_sets_interpret_mode_for_the_whole_process():
         "print(attn_lib.flash_attention(q, k, k, backend='triton').shape == (1, 2, 20, 16))\n"
     )
     res = _run_clean(code)
-    assert res.stdout.split() == ["False", "True", "1", "InterpretedFunction", "True"], res.stdout + res.stderr
+    assert res.stdout.split() == ["False", "1", "True", "True", "1", "InterpretedFunction", "True"], res.stdout + res.stderr
 
 
 @needs_no_gpu
@@ -196,6 +202,42 @@ def test_the_remedies_work_when_triton_is_imported_first(setup):
     code = setup + "import torch, triton.language, attn_lib\n" + _RUN_KERNEL
     res = _run_clean(code)
     assert res.stdout.split() == ["True"], res.stdout + res.stderr
+
+
+def test_no_cuda_device_is_known_without_touching_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: 1 / 0)  # must not be asked
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert attn_device.no_cuda_device_for_sure()  # a CPU-only torch build
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(attn_device.sys, "platform", "linux")
+    monkeypatch.setattr(attn_device.glob, "glob", lambda pattern: [])
+    assert attn_device.no_cuda_device_for_sure()  # CUDA build, but no /dev/nvidia0 (e.g. Colab's CPU runtime)
+    monkeypatch.setattr(attn_device.glob, "glob", lambda pattern: ["/dev/nvidia0"])
+    assert not attn_device.no_cuda_device_for_sure()
+    monkeypatch.setattr(attn_device.sys, "platform", "win32")
+    monkeypatch.setattr(attn_device.glob, "glob", lambda pattern: [])
+    assert not attn_device.no_cuda_device_for_sure()  # cannot tell: decided at the first kernel call
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    monkeypatch.setattr(attn_device.sys, "platform", "linux")
+    assert not attn_device.no_cuda_device_for_sure()
+
+
+def test_prefer_interpreter_early_only_sets_an_unset_variable(monkeypatch):
+    monkeypatch.setattr(attn_device, "no_cuda_device_for_sure", lambda: True)
+    monkeypatch.setattr(attn_device, "_triton_mode", {})
+    monkeypatch.setitem(sys.modules, "triton", None)
+    monkeypatch.delitem(sys.modules, "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    attn_device.prefer_interpreter_early()
+    assert os.environ["TRITON_INTERPRET"] == "0"  # the reader's own setting stands
+    monkeypatch.delenv("TRITON_INTERPRET")
+    attn_device.prefer_interpreter_early()
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(attn_device, "no_cuda_device_for_sure", lambda: False)
+    attn_device.prefer_interpreter_early()
+    assert "TRITON_INTERPRET" not in os.environ
 
 
 def test_use_triton_interpreter_too_late_is_an_error(monkeypatch):
