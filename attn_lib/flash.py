@@ -134,11 +134,19 @@ def flash_attention_triton(q, k, v, *, causal: bool = False, scale: float | None
         ``-inf`` for a query that sees no key.
 
     Raises:
-        ValueError: a scaled score overflowed to +inf in float32 (checked once, on lse).
+        ValueError: a scaled score overflowed to +inf in float32 (checked once, on lse);
+            q, k or v requires grad while grad mode is on (this function has no autograd:
+            ``flash_attention`` has).
     """
     _check_scale_type(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     _check_triton_common(q, causal, key_padding_mask, B, S, block_m, block_n)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError(
+            "flash_attention_triton returns (out, lse) without a gradient, but q, k or v requires grad "
+            "(expected: no autograd here); to train, use attn_lib.flash_attention(q, k, v, backend='triton'), "
+            "which runs flash_attention_triton_backward in its backward; or call this under torch.no_grad()"
+        )
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     interpret = _triton_mode_for(q)
     module = load_kernel()

@@ -386,6 +386,18 @@ def test_overflowing_scores_raise_the_agreed_error():
     assert torch.all(out == 0) and torch.all(torch.isneginf(lse))
 
 
+def test_requires_grad_is_refused_with_the_function_to_use():
+    q = torch.randn(1, 1, 4, 16, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 1, 4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"without a gradient, but q, k or v requires grad.*"
+                                         r"attn_lib.flash_attention\(q, k, v, backend='triton'\)"):
+        flash_attention_triton(q, k, k)
+    with torch.no_grad():  # as inside a torch.autograd.Function's forward
+        out, _ = flash_attention_triton(q, k, k)
+    ref, _ = attn_lib.attention(q.detach().double().cpu(), k.double().cpu(), k.double().cpu())
+    assert_close(out.cpu(), ref)
+
+
 def test_clear_errors():
     q, k, v, _ = make_inputs(1, 1, 4, 4, 16)
     with pytest.raises(TypeError, match="float64 use backend='torch'"):
@@ -400,7 +412,7 @@ def test_clear_errors():
         flash_attention_triton(q, k, v, key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
 
 
-def test_gpu_benchmark_without_gpu():
+def _load_gpu_bench():
     import importlib.util as iu
     from pathlib import Path
 
@@ -408,18 +420,60 @@ def test_gpu_benchmark_without_gpu():
     spec = iu.spec_from_file_location("bench_gpu", path)
     bench = iu.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench, path
+
+
+def test_gpu_benchmark_without_gpu():
+    bench, path = _load_gpu_bench()
     assert bench.attention_flops(1, 8, 4096, 4096, 64) == 4 * 8 * 4096 * 4096 * 64
     assert bench.attention_flops(1, 8, 4096, 4096, 64, causal=True) == 2 * 8 * 4096 * 4096 * 64
+    # forward + backward: 2 + 5 products of N x N x D, i.e. 3.5 x the forward
+    assert bench.attention_flops(1, 8, 4096, 4096, 64, mode="fwd_bwd") == 14 * 8 * 4096 * 4096 * 64
+    assert bench.attention_flops(2, 8, 1024, 512, 64, True, "fwd_bwd") == 7 * 2 * 8 * 1024 * 512 * 64
+    with pytest.raises(ValueError, match=r"mode must be one of \('fwd', 'fwd_bwd'\), got 'bwd'"):
+        bench.attention_flops(1, 1, 1, 1, 1, mode="bwd")
     assert bench.shape_for(1024, 64, None, None) == (16, 32)
     assert bench.shape_for(16384, 128, None, None) == (1, 16)
     assert bench.shape_for(4096, 64, 1, 8) == (1, 8)
     args = bench.parse_args(["--quick"])
-    assert args.sizes == [1024, 4096] and args.dtypes == ["float16"]
-    rows = [dict(impl=i, dtype="float16", D=64, N=1024, causal=False, ms=1.0, tflops=t, peak_extra_mib=1.0)
-            for i, t in (("sdpa_flash", 200.0), ("triton", 190.0))]
-    rows.append(dict(impl="naive", dtype="float16", D=64, N=1024, causal=False, error="OOM"))
-    table = bench.format_table(rows)
-    assert "0.95" in table and "OOM" in table
+    assert args.sizes == [1024, 4096] and args.dtypes == ["float16"] and args.passes == ["fwd", "fwd_bwd"]
+    assert bench.parse_args(["--passes", "fwd_bwd"]).passes == ["fwd_bwd"]
+    rows = [dict(impl=i, mode=m, dtype="float16", D=64, N=1024, causal=False, ms=1.0, tflops=t, peak_extra_mib=1.0)
+            for m in ("fwd", "fwd_bwd") for i, t in (("sdpa_flash", 200.0), ("triton", 190.0 if m == "fwd" else 150.0))]
+    rows.append(dict(impl="naive", mode="fwd_bwd", dtype="float16", D=64, N=1024, causal=False, error="OOM"))
+    table = bench.format_table(rows).splitlines()
+    assert table[0].split()[:2] == ["pass", "dtype"]
+    body = [line.split() for line in table[2:]]
+    assert [r[0] for r in body] == ["fwd", "fwd", "fwd_bwd", "fwd_bwd", "fwd_bwd"]  # forward rows first
+    assert body[1][5] == "triton" and body[1][8] == "0.95"
+    assert body[2][5] == "naive" and body[2][6] == "OOM"
+    assert body[4][5] == "triton" and body[4][8] == "0.75"
+    res = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--passes" in res.stdout and "fwd_bwd" in res.stdout
     if not torch.cuda.is_available():
         res = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and "needs a CUDA GPU" in res.stderr
+
+
+def test_gpu_benchmark_times_the_right_computation():
+    # What bench/gpu.py times, run on this machine's device: the Triton forward + backward and
+    # SDPA's (through autograd) give the float64 reference's gradients.
+    bench, _ = _load_gpu_bench()
+    module = load_kernel()
+    flags = kernel_flags(torch.float32, DEVICE, attn_device.triton_interprets())
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 2, 24, 16, generator=gen, dtype=torch.float64) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref, _ = attn_lib.attention(*leaves, is_causal=True)
+    ref.backward(dout)
+    ql, kl, vl, dl = (t.float().to(DEVICE) for t in (q, k, v, dout))
+    out, _ = bench.make_fn(torch, "triton", "fwd", ql, kl, vl, dl, True, module, flags)()
+    assert_close(out.cpu(), ref.detach())
+    grads = bench.make_fn(torch, "triton", "fwd_bwd", ql, kl, vl, dl, True, module, flags)()
+    for g, leaf in zip(grads, leaves):
+        assert_close(g.cpu(), leaf.grad)
+    for impl in ("sdpa_flash", "naive"):
+        sl = [t.clone().requires_grad_() for t in (ql, kl, vl)]
+        assert bench.make_fn(torch, impl, "fwd_bwd", *sl, dl, True, module, flags)() is None
+        for g, leaf in zip(sl, leaves):
+            assert_close(g.grad.cpu(), leaf.grad, what=impl)
