@@ -215,6 +215,64 @@ def _attn_bwd_preprocess(O, DO, Delta,  #
 
 
 @triton.jit
+def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
+                         q_base, do_base, lse_base, delta_base,  #
+                         stride_qm, stride_qd, stride_dom, stride_dod,  #
+                         offs_n, offs_m0, offs_d, offs_dv,  #
+                         lo, hi, L, qk_scale,  #
+                         D: tl.constexpr, DV: tl.constexpr,  #
+                         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                         DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
+                         BLOCK_M: tl.constexpr):
+    # Query blocks lo .. hi stream past one key block. MASKED: the causal diagonal and the
+    # ragged end of L; otherwise every query of every block sees every key of the block.
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0  # (BLOCK_M,) query indices
+        # -- load Q_i transposed (BLOCK_D, BLOCK_M) and dO_i (BLOCK_M, BLOCK_DV); padding reads 0 --
+        qT_ptrs = q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd
+        do_ptrs = do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod
+        if MASKED:  # rows past L: lse = +inf below gives P = 0
+            qT = tl.load(qT_ptrs, mask=(offs_m[None, :] < L) & (offs_d[:, None] < D), other=0.0)
+            do = tl.load(do_ptrs, mask=(offs_m[:, None] < L) & (offs_dv[None, :] < DV), other=0.0)
+            lse = tl.load(lse_base + offs_m, mask=offs_m < L, other=float("inf"))
+            delta = tl.load(delta_base + offs_m, mask=offs_m < L, other=0.0)
+        else:
+            qT = tl.load(qT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            do = tl.load(do_ptrs, mask=offs_dv[None, :] < DV, other=0.0)
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        # lse in base 2; a row that sees no key (lse = -inf) gets +inf, so its P is 0
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
+        if DOT_FP32:
+            qT = qT.to(tl.float32)
+            do = do.to(tl.float32)
+        # -- P_ijᵀ = exp(S_ijᵀ − lse_i), recomputed from K_j Q_iᵀ --  (BLOCK_N, BLOCK_M)
+        qkT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
+        if HAS_KPM:
+            pT = tl.where(key_ok[:, None], pT, 0.0)
+        if MASKED:
+            if CAUSAL:
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
+        # -- dV_j += P_ijᵀ dO_i --  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
+        if DOT_FP32:
+            ppT = pT.to(do_base.dtype.element_ty).to(tl.float32)  # round P as the GPU's low-precision dot would
+        else:
+            ppT = pT.to(do_base.dtype.element_ty)
+        dv = tl.dot(ppT, do, dv, input_precision=INPUT_PRECISION)
+        # -- dP_ijᵀ = V_j dO_iᵀ, dS_ijᵀ = P_ijᵀ ∘ (dP_ijᵀ − D_i) --  (BLOCK_N, BLOCK_M)
+        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
+        dsT = pT * (dpT - delta[None, :])
+        if DOT_FP32:
+            dsT = dsT.to(q_base.dtype.element_ty).to(tl.float32)
+        else:
+            dsT = dsT.to(q_base.dtype.element_ty)
+        # -- dK_j += dS_ijᵀ Q_i (times scale at the end) --  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D)
+        dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
 def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
                    stride_qb, stride_qh, stride_qm, stride_qd,  #
                    stride_kb, stride_kh, stride_kn, stride_kd,  #
@@ -234,8 +292,6 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)
     off_b = off_hz // H
     off_h = off_hz % H
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    do_base = DO + off_b * stride_dob + off_h * stride_doh
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     if INT64:
@@ -243,6 +299,7 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
         offs_m0 = offs_m0.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
+    # Keys past S read 0; their rows of dK, dV are never stored, so they need no masking later.
     k = tl.load(K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                 mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)  # (BLOCK_N, BLOCK_D)
     v = tl.load(V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
@@ -250,61 +307,96 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    key_ok = offs_n < S  # (BLOCK_N,) keys that exist and are not padding
+    key_ok = offs_n < S  # (BLOCK_N,) keys that are present (padding: P = 0, zero dK, dV)
     if HAS_KPM:
         present = tl.load(KPM + off_b * stride_kpm_b + offs_n * stride_kpm_n, mask=offs_n < S, other=0)
         key_ok = key_ok & (present != 0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    # Causal (top-left aligned): query i sees key j iff j <= i, so queries before this key
-    # block see none of it: start at the query block holding query start_n * BLOCK_N.
+    # Query blocks: [lo, mid) causal diagonal (masked), [mid, full) see every key of the
+    # block (unmasked), [full, L) the ragged end of L (masked). Causal, top-left aligned:
+    # query i sees key j iff j <= i, so blocks before the one holding query start_n*BLOCK_N
+    # see nothing and are skipped.
+    full = (L // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = ((start_n * BLOCK_N) // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(tl.cdiv(start_n * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M, full)
+        tail = tl.maximum(lo, full)
     else:
         lo = 0
-    for start_m in range(lo, L, BLOCK_M):
-        offs_m = start_m + offs_m0  # (BLOCK_M,) query indices
-        row_ok = offs_m < L
-        # Q_i transposed, (BLOCK_D, BLOCK_M); dO_i, (BLOCK_M, BLOCK_DV); padding reads 0
-        qT = tl.load(q_base + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd,
-                     mask=row_ok[None, :] & (offs_d[:, None] < D), other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
-                     mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        # lse in base 2; a row with no visible key (lse = -inf) and rows past L get +inf: P = 0
-        lse = tl.load(LSE + off_hz * L + offs_m, mask=row_ok, other=float("inf"))
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
-        delta = tl.load(Delta + off_hz * L + offs_m, mask=row_ok, other=0.0)
-        if DOT_FP32:
-            qT = qT.to(tl.float32)
-            do = do.to(tl.float32)
-        # P_ijᵀ = exp(S_ijᵀ − lse_i) recomputed from K_j Q_iᵀ,  (BLOCK_N, BLOCK_M)
-        qkT = tl.dot(k, qT, input_precision=INPUT_PRECISION)
-        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])
-        visible = key_ok[:, None]
-        if CAUSAL:
-            visible = visible & (offs_n[:, None] <= offs_m[None, :])
-        pT = tl.where(visible, pT, 0.0)
-        # dV_j += P_ijᵀ dO_i,  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
-        if DOT_FP32:
-            ppT = pT.to(DO.dtype.element_ty).to(tl.float32)  # round P as the GPU's low-precision dot would
-        else:
-            ppT = pT.to(DO.dtype.element_ty)
-        dv = tl.dot(ppT, do, dv, input_precision=INPUT_PRECISION)
-        # dP_ijᵀ = V_j dO_iᵀ, dS_ijᵀ = P_ijᵀ ∘ (dP_ijᵀ − D_i),  (BLOCK_N, BLOCK_M)
-        dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        if DOT_FP32:
-            dsT = dsT.to(Q.dtype.element_ty).to(tl.float32)
-        else:
-            dsT = dsT.to(Q.dtype.element_ty)
-        # dK_j += dS_ijᵀ Q_i (times scale at the end),  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D)
-        dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=INPUT_PRECISION)
+        mid = 0
+        tail = full
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    do_base = DO + off_b * stride_dob + off_h * stride_doh
+    lse_base = LSE + off_hz * L
+    delta_base = Delta + off_hz * L
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, lo, mid, L, qk_scale,  #
+                                  D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_M)
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, tl.maximum(lo, mid), full, L, qk_scale,  #
+                                  D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_M)
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, tail, L, L, qk_scale,  #
+                                  D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_M)
     dk = dk * sm_scale
     tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_d[None, :] < D))
     tl.store(DVal + off_b * stride_dvb + off_h * stride_dvh + offs_n[:, None] * stride_dvn
              + offs_dv[None, :] * stride_dvd,
              dv.to(DVal.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
+                       k_base, v_base, kpm_base,  #
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                       offs_m, offs_n0, offs_d, offs_dv,  #
+                       lo, hi, S, qk_scale,  #
+                       D: tl.constexpr, DV: tl.constexpr,  #
+                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                       DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
+                       BLOCK_N: tl.constexpr):
+    # Key blocks lo .. hi stream past one query block. MASKED: the causal diagonal and the
+    # ragged end of S. (Rows past L need no mask: their lse is +inf, so P = 0.)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0  # (BLOCK_N,) key indices
+        # -- load K_j and V_j transposed, (BLOCK_D, BLOCK_N) and (BLOCK_DV, BLOCK_N) --
+        kT_ptrs = k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        vT_ptrs = v_base + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd
+        if MASKED:
+            kT = tl.load(kT_ptrs, mask=(offs_n[None, :] < S) & (offs_d[:, None] < D), other=0.0)
+            vT = tl.load(vT_ptrs, mask=(offs_n[None, :] < S) & (offs_dv[:, None] < DV), other=0.0)
+        else:
+            kT = tl.load(kT_ptrs, mask=offs_d[:, None] < D, other=0.0)
+            vT = tl.load(vT_ptrs, mask=offs_dv[:, None] < DV, other=0.0)
+        if DOT_FP32:
+            kT = kT.to(tl.float32)
+            vT = vT.to(tl.float32)
+        # -- P_ij = exp(S_ij − lse_i) --  (BLOCK_M, BLOCK_N)
+        qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = offs_n[None, :] < S
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(visible, p, 0.0)
+        if HAS_KPM:
+            present = tl.load(kpm_base + offs_n * stride_kpm_n, mask=offs_n < S, other=0)
+            p = tl.where(present[None, :] != 0, p, 0.0)
+        # -- dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij − D_i) --
+        dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if DOT_FP32:
+            ds = ds.to(k_base.dtype.element_ty).to(tl.float32)
+        else:
+            ds = ds.to(k_base.dtype.element_ty)
+        # -- dQ_i += dS_ij K_j (times scale at the end) --  (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D)
+        dq = tl.dot(ds, tl.trans(kT), dq, input_precision=INPUT_PRECISION)
+    return dq
 
 
 @triton.jit
@@ -326,9 +418,6 @@ def _attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)
     off_b = off_hz // H
     off_h = off_hz % H
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
-    kpm_base = KPM + off_b * stride_kpm_b
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
     if INT64:
@@ -349,39 +438,25 @@ def _attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)  # no visible key: P = 0
     delta = tl.load(Delta + off_hz * L + offs_m, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Causal: keys after the block's last query are invisible to the whole block.
+    # Key range as in the forward: causal skips blocks after the block's last query; blocks
+    # ending at or before its first query are fully visible (unmasked), the rest masked.
     if CAUSAL:
         hi = tl.minimum(S, (start_m + 1) * BLOCK_M)
+        full = (tl.minimum(S, start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
     else:
         hi = S
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0  # (BLOCK_N,) key indices
-        kT = tl.load(k_base + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                     mask=(offs_n[None, :] < S) & (offs_d[:, None] < D), other=0.0)  # (BLOCK_D, BLOCK_N)
-        vT = tl.load(v_base + offs_n[None, :] * stride_vn + offs_dv[:, None] * stride_vd,
-                     mask=(offs_n[None, :] < S) & (offs_dv[:, None] < DV), other=0.0)  # (BLOCK_DV, BLOCK_N)
-        if DOT_FP32:
-            kT = kT.to(tl.float32)
-            vT = vT.to(tl.float32)
-        # P_ij = exp(S_ij − lse_i),  (BLOCK_M, BLOCK_N)
-        qk = tl.dot(q, kT, input_precision=INPUT_PRECISION)
-        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
-        visible = offs_n[None, :] < S
-        if HAS_KPM:
-            present = tl.load(kpm_base + offs_n * stride_kpm_n, mask=offs_n < S, other=0)
-            visible = visible & (present[None, :] != 0)
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None])
-        p = tl.where(visible, p, 0.0)
-        # dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij − D_i)
-        dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        if DOT_FP32:
-            ds = ds.to(Q.dtype.element_ty).to(tl.float32)
-        else:
-            ds = ds.to(Q.dtype.element_ty)
-        # dQ_i += dS_ij K_j (times scale at the end),  (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D)
-        dq = tl.dot(ds, tl.trans(kT), dq, input_precision=INPUT_PRECISION)
+        full = (S // BLOCK_N) * BLOCK_N
+    k_base = K + off_b * stride_kb + off_h * stride_kh
+    v_base = V + off_b * stride_vb + off_h * stride_vh
+    kpm_base = KPM + off_b * stride_kpm_b
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm_base,  #
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                            offs_m, offs_n0, offs_d, offs_dv, 0, full, S, qk_scale,  #
+                            D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_N)
+    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm_base,  #
+                            stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                            offs_m, offs_n0, offs_d, offs_dv, full, hi, S, qk_scale,  #
+                            D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_N)
     dq = dq * sm_scale
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
