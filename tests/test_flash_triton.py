@@ -363,6 +363,18 @@ def test_dot_fp32_matches_the_low_precision_dot_on_bf16():
     assert_flash_rule(out.cpu(), naive.cpu(), ref, what="bf16 with fp32 dots")
 
 
+def test_fp16_dots_without_the_fp32_fallback_forward():
+    # the GPU's fp16 code path (DOT_FP32 off) runs under the interpreter too (only bf16 dots are wrong there)
+    module = load_kernel()
+    q, k, v, kpm = make_inputs(2, 1, 97, 113, 40, 24, padding=True)
+    ql, kl, vl = (t.to(DEVICE, torch.float16) for t in (q, k, v))
+    out, _ = module.launch(ql, kl, vl, kpm.to(DEVICE), True, 40**-0.5, interpret=attn_device.triton_interprets(),
+                           dot_fp32=False)
+    ref, _ = reference(q, k, v, kpm, True)
+    naive = naive_attention(ql, kl, vl, causal=True, key_padding_mask=kpm.to(DEVICE))
+    assert_flash_rule(out.cpu(), naive.cpu(), ref, what="fp16 dots")
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow warnings inside the interpreter
 def test_overflowing_scores_raise_the_agreed_error():
     q = torch.ones(1, 1, 3, 16, device=DEVICE) * 1e20

@@ -127,6 +127,23 @@ def test_blocks_smaller_than_and_not_dividing_the_lengths(block_m, block_n):
     check_case((1, 1, 113, 50, 24, 16), torch.float32, True, False, block_m=block_m, block_n=block_n)
 
 
+def test_fp16_dots_without_the_fp32_fallback():
+    # The GPU's code path (DOT_FP32 off: P and dS rounded to fp16 and fed to fp16 dots) also
+    # runs under the interpreter for fp16 (only its bf16 tl.dot is wrong), so check it here.
+    module = load_kernel()
+    interpret = attn_lib.device.triton_interprets()
+    q, k, v, kpm = make_inputs(2, 1, 97, 113, 40, 24, padding=True)
+    dout = torch.randn(2, 1, 97, 24, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    _, *ref = reference_grads(q, k, v, dout, kpm, True)
+    naive = naive_grads(q, k, v, dout, kpm, True, torch.float16)
+    ql, kl, vl, dl = (t.to(DEVICE, torch.float16) for t in (q, k, v, dout))
+    kd = kpm.to(DEVICE)
+    out, lse = module.launch(ql, kl, vl, kd, True, 40**-0.5, interpret=interpret, dot_fp32=False)
+    grads = module.launch_backward(ql, kl, vl, out, lse, dl, kd, True, 40**-0.5, interpret=interpret, dot_fp32=False)
+    for name, g, n, r in zip(("dq", "dk", "dv"), grads, naive, ref):
+        assert_grad_flash_rule(g.cpu(), n, r, torch.float16, what=f"{name} fp16 dots")
+
+
 def test_rows_and_keys_that_see_nothing_get_exact_zero_gradients():
     q, k, v, _ = make_inputs(2, 1, 9, 6, 16)
     dout = torch.randn(2, 1, 9, 16, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
