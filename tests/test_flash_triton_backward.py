@@ -244,3 +244,41 @@ BAD = [  # (id, call, exception, message regex)
 def test_bad_input(call, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call()
+
+
+def largest_float_tensor(fn, *args, **kwargs):
+    """Like attn_lib.io_model.largest_tensor (every aten output is inspected), floating tensors only:
+    Triton's interpreter copies the inputs' storage as raw bytes (uint8), which are not attention tensors."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Spy(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    self.largest = max(self.largest, t.numel())
+            return out
+
+    with Spy() as spy:
+        result = fn(*args, **kwargs)
+    return result, spy.largest
+
+
+def test_backward_never_creates_an_l_by_s_tensor():
+    # Forward and backward make only O(L·D + S·D) tensors, never the (B, H, L, S) matrix the
+    # naive backward needs (on a GPU the kernels allocate nothing else at all).
+    B, H, L, S, D = 1, 2, 97, 113, 16
+    q, k, v, kpm = make_inputs(B, H, L, S, D, padding=True)
+    q, k, v, kpm = q.float().to(DEVICE), k.float().to(DEVICE), v.float().to(DEVICE), kpm.to(DEVICE)
+    dout = torch.randn(B, H, L, D, device=DEVICE)
+    (out, lse), fwd_largest = largest_float_tensor(flash_attention_triton, q, k, v, causal=True, key_padding_mask=kpm)
+    _, bwd_largest = largest_float_tensor(flash_attention_triton_backward, q, k, v, out, lse, dout, causal=True,
+                                          key_padding_mask=kpm)
+    linear = B * H * max(L, S) * D  # the largest of q, k, v, out and their gradients
+    assert 0 < fwd_largest <= linear and 0 < bwd_largest <= linear, (fwd_largest, bwd_largest)
+    assert linear * 6 < B * H * L * S  # an (L, S) tensor would have been seen
+    _, naive_largest = largest_float_tensor(naive_grads, q.cpu(), k.cpu(), v.cpu(), dout.cpu(), kpm.cpu(), True,
+                                            torch.float32)
+    assert naive_largest >= B * H * L * S  # the spy does see the naive backward's score matrix
