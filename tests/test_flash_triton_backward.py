@@ -176,6 +176,21 @@ def test_strided_inputs_and_scale():
         assert_close(g.cpu(), r, what=name)
 
 
+def test_dout_with_zero_strides():
+    # loss = out.sum() hands the backward an expanded tensor of ones (every stride 0)
+    q, k, v, kpm = make_inputs(2, 2, 21, 30, 16, padding=True)
+    ql, kl, vl = (t.float().to(DEVICE) for t in (q, k, v))
+    out, lse = flash_attention_triton(ql, kl, vl, key_padding_mask=kpm.to(DEVICE))
+    ones = torch.ones(1, 1, 1, 1, device=DEVICE).expand_as(out)  # (B,H,L,Dv), strides 0
+    assert ones.stride() == (0, 0, 0, 0)
+    got = flash_attention_triton_backward(ql, kl, vl, out, lse, ones, key_padding_mask=kpm.to(DEVICE))
+    want = flash_attention_triton_backward(ql, kl, vl, out, lse, ones.contiguous(), key_padding_mask=kpm.to(DEVICE))
+    _, *ref = reference_grads(q, k, v, torch.ones(2, 2, 21, 16, dtype=torch.float64), kpm, False)
+    for g, w, r in zip(got, want, ref):
+        assert torch.equal(g, w)
+        assert_close(g.cpu(), r)
+
+
 def test_empty_queries_or_keys_give_zero_gradients():
     q = torch.randn(1, 2, 5, 16, device=DEVICE)
     none = torch.randn(1, 2, 0, 16, device=DEVICE)
