@@ -65,12 +65,13 @@ def kernel_flags(dtype: torch.dtype, device, interpret: bool) -> dict:
         interpret: whether Triton runs its interpreter in this process.
 
     Returns:
-        ``{"dot_fp32": bool, "input_precision": "ieee" or None}``.
+        ``{"dot_fp32": bool, "input_precision": "ieee" or None, "capability": (major, minor) or None}``
+        (capability None under the interpreter).
     """
-    dot_fp32 = bool(interpret)
-    if not interpret and dtype == torch.bfloat16 and _device.cuda_capability(device) < (8, 0):
-        dot_fp32 = True
-    return {"dot_fp32": dot_fp32, "input_precision": "ieee" if dtype == torch.float32 or dot_fp32 else None}
+    capability = None if interpret else _device.cuda_capability(device)
+    dot_fp32 = bool(interpret) or (dtype == torch.bfloat16 and capability < (8, 0))
+    return {"dot_fp32": dot_fp32, "input_precision": "ieee" if dtype == torch.float32 or dot_fp32 else None,
+            "capability": capability}
 
 
 def _triton_mode_for(q) -> bool:
@@ -152,7 +153,8 @@ def flash_attention_triton(q, k, v, *, causal: bool = False, scale: float | None
     module = load_kernel()
     flags = kernel_flags(q.dtype, q.device, interpret)
     out, lse = module.launch(q, k, v, key_padding_mask, causal, scale, interpret=interpret,
-                             dot_fp32=flags["dot_fp32"], block_m=block_m, block_n=block_n)
+                             dot_fp32=flags["dot_fp32"], capability=flags["capability"], block_m=block_m,
+                             block_n=block_n)
     check_overflow(lse)
     return out, lse
 
@@ -209,7 +211,8 @@ def flash_attention_triton_backward(q, k, v, out, lse, dout, *, causal: bool = F
     module = load_kernel()
     flags = kernel_flags(q.dtype, q.device, interpret)
     return module.launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal, scale, interpret=interpret,
-                                  dot_fp32=flags["dot_fp32"], block_m=block_m, block_n=block_n)
+                                  dot_fp32=flags["dot_fp32"], capability=flags["capability"], block_m=block_m,
+                                  block_n=block_n)
 
 
 def choose_backend(q, backend: str = "auto") -> str:

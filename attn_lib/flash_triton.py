@@ -483,6 +483,14 @@ _DKDV_CANDIDATES = {
     2: [(32, 128, 3), (32, 64, 3), (16, 64, 2), (16, 32, 2), (16, 16, 1)],
     4: [(32, 64, 2), (16, 64, 2), (16, 32, 2), (16, 16, 1)],
 }
+# GPUs before sm_80 (Colab's T4, sm_75): 64 KB of shared memory per block and no cp.async,
+# so one stage and smaller tiles (bf16 runs its dots in fp32 there, which doubles the operands).
+SMEM_BUDGET_PRE_SM80 = 64 * 1024
+_PRE_SM80_CANDIDATES = {
+    "fwd": [(64, 32, 1), (32, 32, 1), (16, 16, 1)],
+    "dq": [(64, 32, 1), (32, 16, 1), (16, 16, 1)],
+    "dkdv": [(32, 64, 1), (16, 32, 1), (16, 16, 1)],
+}
 _INTERPRET_BLOCK = 32  # numpy on the CPU: one program per 32 rows keeps the padding waste low
 _KINDS = ("fwd", "dq", "dkdv")
 
@@ -497,7 +505,7 @@ def _smem_bytes(elem: int, resident: int, streamed: int, num_stages: int, block_
 
 
 def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, kind: str = "fwd",
-                      block_m: int | None = None, block_n: int | None = None) -> list:
+                      block_m: int | None = None, block_n: int | None = None, capability: tuple | None = None) -> list:
     """按头维度和精度列出某个核函数可用的块大小与 warp 数(从快到稳;一套固定候选,不做自动调优)。
 
     Args:
@@ -507,6 +515,8 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
         kind: ``"fwd"`` (forward), ``"dq"`` or ``"dkdv"`` (the backward kernels).
         block_m, block_n: user-chosen BLOCK_M / BLOCK_N; then there is exactly one
             configuration (retrying it after OutOfResources would fail again).
+        capability: the GPU's (major, minor); before (8, 0) smaller one-stage tiles within
+            64 KB. None: sm_80 or newer.
 
     Returns:
         A non-empty list of dicts with BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages.
@@ -518,11 +528,18 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
     if interpret:
         tiles = [(_INTERPRET_BLOCK, _INTERPRET_BLOCK, 1)]
     else:
-        table = {"fwd": _CANDIDATES, "dq": _DQ_CANDIDATES, "dkdv": _DKDV_CANDIDATES}[kind][elem]
+        old_gpu = capability is not None and tuple(capability) < (8, 0)
+        if old_gpu:
+            table, budget = _PRE_SM80_CANDIDATES[kind], SMEM_BUDGET_PRE_SM80
+            if dtype == torch.bfloat16:
+                elem = 4  # its dots run in fp32 (DOT_FP32): fp32 operands in shared memory
+        else:
+            table = {"fwd": _CANDIDATES, "dq": _DQ_CANDIDATES, "dkdv": _DKDV_CANDIDATES}[kind][elem]
+            budget = SMEM_BUDGET
         tiles = []
         for bm, bn, stages in table:
             resident, streamed = (bn, bm) if kind == "dkdv" else (bm, bn)
-            if _smem_bytes(elem, resident, streamed, stages, block_d, block_dv, kind) <= SMEM_BUDGET:
+            if _smem_bytes(elem, resident, streamed, stages, block_d, block_dv, kind) <= budget:
                 tiles.append((bm, bn, stages))
         tiles = tiles or [(16, 16, 1)]
     if block_m is not None or block_n is not None:  # one configuration: the user's blocks
@@ -609,18 +626,20 @@ def _run_first_fitting(configs: list, run) -> dict:
 
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, causal: bool, scale: float,
-           *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None, block_n: int | None = None):
+           *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None, block_n: int | None = None,
+           capability: tuple | None = None):
     """启动前向核函数(输入已由 attn_lib.flash 检查过)。返回 (out (B,H,L,Dv), lse (B,H,L) float32)。
 
     Args:
         interpret: Triton runs its interpreter in this process (picks the tile sizes).
         dot_fp32: compute every ``tl.dot`` in fp32; default ``interpret``.
+        capability: the GPU's compute capability (tile sizes for GPUs before sm_80).
     """
     B, H, L, D = q.shape
     S, Dv = k.shape[2], v.shape[3]
     _check_head_dims(D, Dv)
     dot_fp32 = interpret if dot_fp32 is None else dot_fp32
-    configs = candidate_configs(D, Dv, q.dtype, interpret, block_m=block_m, block_n=block_n)
+    configs = candidate_configs(D, Dv, q.dtype, interpret, block_m=block_m, block_n=block_n, capability=capability)
     out = torch.empty(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv)
     lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)  # (B,H,L)
     if B * H * L == 0:
@@ -647,13 +666,13 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, 
 
 def launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal: bool, scale: float,
                     *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None,
-                    block_n: int | None = None):
+                    block_n: int | None = None, capability: tuple | None = None):
     """启动三个反向核函数(输入已由 attn_lib.flash 检查过)。返回 (dq, dk, dv),形状和精度同 q, k, v。
 
     Args:
         out, lse: what ``launch`` returned for these inputs; dout: dLoss/dout (B, H, L, Dv).
-        interpret, dot_fp32, block_m, block_n: as in ``launch`` (block_m: query blocks,
-            block_n: key blocks, in both backward kernels).
+        interpret, dot_fp32, block_m, block_n, capability: as in ``launch`` (block_m: query
+            blocks, block_n: key blocks, in both backward kernels).
     """
     B, H, L, D = q.shape
     S, Dv = k.shape[2], v.shape[3]
@@ -700,12 +719,11 @@ def launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal: bool, sca
                 BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_DV=cfg["BLOCK_DV"],  #
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
-    _run_first_fitting(candidate_configs(D, Dv, q.dtype, interpret, kind="dkdv", block_m=block_m, block_n=block_n),
-                       run_dkdv)
-    _run_first_fitting(candidate_configs(D, Dv, q.dtype, interpret, kind="dq", block_m=block_m, block_n=block_n),
-                       run_dq)
+    blocks = dict(block_m=block_m, block_n=block_n, capability=capability)
+    _run_first_fitting(candidate_configs(D, Dv, q.dtype, interpret, kind="dkdv", **blocks), run_dkdv)
+    _run_first_fitting(candidate_configs(D, Dv, q.dtype, interpret, kind="dq", **blocks), run_dq)
     return dq, dk, dv
 
 
 __all__ = ["launch", "launch_backward", "default_config", "candidate_configs", "grid_chunks", "needs_int64",
-           "MAX_HEAD_DIM", "MAX_GRID_Y", "SMEM_BUDGET"]
+           "MAX_HEAD_DIM", "MAX_GRID_Y", "SMEM_BUDGET", "SMEM_BUDGET_PRE_SM80"]

@@ -73,6 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--compile-only", metavar="SM", type=int, default=None,
+                   help="no GPU needed: compile every kernel for compute capability SM (e.g. 75 for a T4, 80, 90) "
+                        "with Triton's bundled ptxas and print the shared memory each configuration needs")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes = args.sizes or [1024, 4096]
@@ -127,14 +130,15 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
     scale = q.shape[-1] ** -0.5
     if impl == "triton":
         def fwd():
-            return kernel.launch(q, k, v, None, causal, scale, interpret=False, dot_fp32=flags["dot_fp32"])
+            return kernel.launch(q, k, v, None, causal, scale, interpret=False, dot_fp32=flags["dot_fp32"],
+                                 capability=flags["capability"])
         if mode == "fwd":
             return fwd
 
         def fwd_bwd():
             out, lse = fwd()
             return kernel.launch_backward(q, k, v, out, lse, dout, None, causal, scale, interpret=False,
-                                          dot_fp32=flags["dot_fp32"])
+                                          dot_fp32=flags["dot_fp32"], capability=flags["capability"])
         return fwd_bwd
     if impl == "naive":
         def forward():
@@ -192,9 +196,10 @@ def check_kernel(torch, kernel, flags_for) -> None:
             ref.backward(dout.double())
             ql, kl, vl, dl = (t.to(dtype) for t in (q, k, v, dout))
             flags = flags_for(dtype)
-            out, lse = kernel.launch(ql, kl, vl, None, causal, 64 ** -0.5, interpret=False, dot_fp32=flags["dot_fp32"])
+            out, lse = kernel.launch(ql, kl, vl, None, causal, 64 ** -0.5, interpret=False, dot_fp32=flags["dot_fp32"],
+                                     capability=flags["capability"])
             grads = kernel.launch_backward(ql, kl, vl, out, lse, dl, None, causal, 64 ** -0.5, interpret=False,
-                                           dot_fp32=flags["dot_fp32"])
+                                           dot_fp32=flags["dot_fp32"], capability=flags["capability"])
             nl = [t.detach().requires_grad_() for t in (ql, kl, vl)]
             naive = attn_lib.naive_attention(*nl, causal=causal)
             naive.backward(dl)
@@ -207,8 +212,75 @@ def check_kernel(torch, kernel, flags_for) -> None:
                 assert err <= 2 * naive_err + atol, f"triton {name} {dtype} causal={causal}: {err:.3e} vs {naive_err:.3e}"
 
 
+_NOT_POINTERS = {"H", "L", "S", "HZ_START", "D", "DV", "CAUSAL", "HAS_KPM", "DOT_FP32", "INPUT_PRECISION", "INT64",
+                 "BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"}
+
+
+def kernel_signature(arg_names, dtype_name: str, constexprs: dict) -> dict:
+    """为 triton.compile 写出核函数的参数类型:大写名字是指针(掩码 int8,lse/Delta float32),小写是 int32 / fp32。
+
+    Args:
+        arg_names: the kernel's argument names, in order.
+        dtype_name: Triton's name of the inputs' type, e.g. ``"fp16"``.
+        constexprs: the compile-time arguments (typed ``"constexpr"``).
+    """
+    sig = {}
+    for name in arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name == "KPM":
+            sig[name] = "*i8"
+        elif name in ("LSE", "Delta"):
+            sig[name] = "*fp32"
+        elif name[0].isupper() and name not in _NOT_POINTERS:
+            sig[name] = f"*{dtype_name}"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def compile_only(sm: int, head_dims, dtypes) -> int:
+    """Compile every kernel for compute capability ``sm`` without a GPU; print shared memory per kernel."""
+    import time
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attn_lib.flash import load_kernel
+
+    kernel = load_kernel()
+    target = GPUTarget("cuda", sm, 32)
+    kernels = (("fwd", kernel._attn_fwd), ("dkdv", kernel._attn_bwd_dkdv), ("dq", kernel._attn_bwd_dq))
+    print(f"# sm_{sm}: shared memory per program, first configuration of each kernel (causal, key padding)")
+    for dtype in dtypes:
+        tdtype = getattr(torch, dtype)
+        dot_fp32 = tdtype == torch.bfloat16 and sm < 80  # as attn_lib.flash.kernel_flags decides
+        for D in head_dims:
+            for kind, fn in kernels:
+                cfg = kernel.candidate_configs(D, D, tdtype, False, kind=kind, capability=(sm // 10, sm % 10))[0]
+                consts = dict(D=D, DV=D, CAUSAL=True, HAS_KPM=True, DOT_FP32=dot_fp32,
+                              INPUT_PRECISION="ieee" if dot_fp32 else None, INT64=False,
+                              **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV")})
+                src = ASTSource(fn=fn, signature=kernel_signature(fn.arg_names, {"float16": "fp16", "bfloat16": "bf16"}[dtype],
+                                                                  consts),
+                                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+                start = time.time()
+                compiled = triton.compile(src, target=target,
+                                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+                print(f"  {dtype:>8} D={D:<4} {kind:>4} BLOCK_M={cfg['BLOCK_M']:<4} BLOCK_N={cfg['BLOCK_N']:<4} "
+                      f"stages={cfg['num_stages']} warps={cfg['num_warps']}: {compiled.metadata.shared:>6} bytes "
+                      f"({time.time() - start:.0f} s to compile)", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.compile_only is not None:
+        return compile_only(args.compile_only, args.head_dims, args.dtypes)
     import torch
 
     if not torch.cuda.is_available():

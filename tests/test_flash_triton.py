@@ -344,11 +344,25 @@ def test_bf16_dot_in_fp32_before_sm80(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
         flags = kernel_flags(dtype, gpu, interpret=False)
         assert flags["dot_fp32"] is dot_fp32, (capability, dtype)
+        assert flags["capability"] == capability
         assert flags["input_precision"] == ("ieee" if dot_fp32 or dtype == torch.float32 else None)
     # the interpreter always multiplies in fp32 (its bf16 tl.dot is wrong) and never asks the GPU
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: 1 / 0)
-    assert kernel_flags(torch.bfloat16, torch.device("cpu"), interpret=True) == {"dot_fp32": True,
-                                                                               "input_precision": "ieee"}
+    assert kernel_flags(torch.bfloat16, torch.device("cpu"), interpret=True) == {
+        "dot_fp32": True, "input_precision": "ieee", "capability": None}
+
+
+def test_gpus_before_sm80_get_one_stage_tiles_within_64_kb():
+    module = load_kernel()
+    for kind in ("fwd", "dq", "dkdv"):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            for D in (16, 64, 128, 256):
+                t4 = module.candidate_configs(D, D, dtype, interpret=False, kind=kind, capability=(7, 5))
+                assert t4 and all(cfg["num_stages"] == 1 for cfg in t4)
+                assert all(max(cfg["BLOCK_M"], cfg["BLOCK_N"]) <= 64 for cfg in t4)
+                a100 = module.candidate_configs(D, D, dtype, interpret=False, kind=kind, capability=(8, 0))
+                assert a100 == module.candidate_configs(D, D, dtype, interpret=False, kind=kind)
+    assert module.SMEM_BUDGET_PRE_SM80 == 64 * 1024
 
 
 def test_dot_fp32_matches_the_low_precision_dot_on_bf16():
@@ -460,6 +474,11 @@ def test_gpu_benchmark_without_gpu():
     assert body[1][5] == "triton" and body[1][8] == "0.95"
     assert body[2][5] == "naive" and body[2][6] == "OOM"
     assert body[4][5] == "triton" and body[4][8] == "0.75"
+    sig = bench.kernel_signature(["Q", "KPM", "LSE", "Delta", "stride_qb", "H", "qk_scale", "HZ_START", "D", "CAUSAL"],
+                                 "bf16", {"D": 64, "CAUSAL": True})
+    assert sig == {"Q": "*bf16", "KPM": "*i8", "LSE": "*fp32", "Delta": "*fp32", "stride_qb": "i32", "H": "i32",
+                   "qk_scale": "fp32", "HZ_START": "i32", "D": "constexpr", "CAUSAL": "constexpr"}
+    assert bench.parse_args(["--compile-only", "75"]).compile_only == 75
     res = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "--passes" in res.stdout and "fwd_bwd" in res.stdout
     if not torch.cuda.is_available():
