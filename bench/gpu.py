@@ -250,9 +250,15 @@ def compile_only(sm: int, head_dims, dtypes) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from attn_lib.flash import load_kernel
+    import importlib
 
-    kernel = load_kernel()
+    # Not through attn_lib.flash.load_kernel: without a GPU it would pick the interpreter; the
+    # __main__ block set TRITON_INTERPRET=0, so this import builds compilable kernels.
+    kernel = importlib.import_module("attn_lib.flash_triton")
+    if type(kernel._attn_fwd).__name__ != "JITFunction":
+        print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM",
+              file=sys.stderr)
+        return 2
     target = GPUTarget("cuda", sm, 32)
     kernels = (("fwd", kernel._attn_fwd), ("dkdv", kernel._attn_bwd_dkdv), ("dq", kernel._attn_bwd_dq))
     print(f"# sm_{sm}: shared memory per program, first configuration of each kernel (causal, key padding)")
