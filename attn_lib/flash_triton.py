@@ -484,13 +484,28 @@ _DKDV_CANDIDATES = {
     4: [(32, 64, 2), (16, 64, 2), (16, 32, 2), (16, 16, 1)],
 }
 # GPUs before sm_80 (Colab's T4, sm_75): 64 KB of shared memory per block and no cp.async,
-# so one stage and smaller tiles (bf16 runs its dots in fp32 there, which doubles the operands).
+# so one stage and smaller tiles. Triton's mma v2 path there stages the dot operands through
+# shared memory: compiled for sm_75 (``bench/gpu.py --compile-only 75``), the forward needs
+# about elem·(BLOCK_M·BLOCK_D + 2·BLOCK_N·(BLOCK_D+BLOCK_DV)) bytes and the backward kernels
+# elem·(resident + 3·streamed)·(BLOCK_D+BLOCK_DV), with elem = 2 for fp16, 2.5 for bf16 (its
+# dots run in fp32 there) and 4 for fp32; ``_smem_bytes_pre_sm80`` is that model.
 SMEM_BUDGET_PRE_SM80 = 64 * 1024
 _PRE_SM80_CANDIDATES = {
-    "fwd": [(64, 32, 1), (32, 32, 1), (16, 16, 1)],
-    "dq": [(64, 32, 1), (32, 16, 1), (16, 16, 1)],
-    "dkdv": [(32, 64, 1), (16, 32, 1), (16, 16, 1)],
+    "fwd": [(128, 64, 1), (64, 64, 1), (64, 32, 1), (32, 32, 1), (16, 16, 1)],
+    "dq": [(128, 32, 1), (64, 32, 1), (32, 16, 1), (16, 16, 1)],
+    "dkdv": [(32, 128, 1), (32, 64, 1), (16, 32, 1), (16, 16, 1)],
 }
+_PRE_SM80_ELEM = {torch.float16: 2.0, torch.bfloat16: 2.5, torch.float32: 4.0}
+
+
+def _smem_bytes_pre_sm80(dtype: torch.dtype, kind: str, block_m: int, block_n: int, block_d: int,
+                         block_dv: int) -> float:
+    """sm_80 之前的 GPU(T4)上一个程序实例要的片上内存(按 sm_75 编译结果拟合的模型,单位字节)。"""
+    elem = _PRE_SM80_ELEM[dtype]
+    if kind == "fwd":
+        return elem * (block_m * block_d + 2 * block_n * (block_d + block_dv))
+    resident, streamed = (block_n, block_m) if kind == "dkdv" else (block_m, block_n)
+    return elem * (resident + 3 * streamed) * (block_d + block_dv)
 _INTERPRET_BLOCK = 32  # numpy on the CPU: one program per 32 rows keeps the padding waste low
 _KINDS = ("fwd", "dq", "dkdv")
 
@@ -528,19 +543,16 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
     if interpret:
         tiles = [(_INTERPRET_BLOCK, _INTERPRET_BLOCK, 1)]
     else:
-        old_gpu = capability is not None and tuple(capability) < (8, 0)
-        if old_gpu:
-            table, budget = _PRE_SM80_CANDIDATES[kind], SMEM_BUDGET_PRE_SM80
-            if dtype == torch.bfloat16:
-                elem = 4  # its dots run in fp32 (DOT_FP32): fp32 operands in shared memory
-        else:
-            table = {"fwd": _CANDIDATES, "dq": _DQ_CANDIDATES, "dkdv": _DKDV_CANDIDATES}[kind][elem]
-            budget = SMEM_BUDGET
         tiles = []
-        for bm, bn, stages in table:
-            resident, streamed = (bn, bm) if kind == "dkdv" else (bm, bn)
-            if _smem_bytes(elem, resident, streamed, stages, block_d, block_dv, kind) <= budget:
-                tiles.append((bm, bn, stages))
+        if capability is not None and tuple(capability) < (8, 0):
+            for bm, bn, stages in _PRE_SM80_CANDIDATES[kind]:
+                if _smem_bytes_pre_sm80(dtype, kind, bm, bn, block_d, block_dv) <= SMEM_BUDGET_PRE_SM80:
+                    tiles.append((bm, bn, stages))
+        else:
+            for bm, bn, stages in {"fwd": _CANDIDATES, "dq": _DQ_CANDIDATES, "dkdv": _DKDV_CANDIDATES}[kind][elem]:
+                resident, streamed = (bn, bm) if kind == "dkdv" else (bm, bn)
+                if _smem_bytes(elem, resident, streamed, stages, block_d, block_dv, kind) <= SMEM_BUDGET:
+                    tiles.append((bm, bn, stages))
         tiles = tiles or [(16, 16, 1)]
     if block_m is not None or block_n is not None:  # one configuration: the user's blocks
         bm, bn, _ = tiles[0]

@@ -359,10 +359,38 @@ def test_gpus_before_sm80_get_one_stage_tiles_within_64_kb():
             for D in (16, 64, 128, 256):
                 t4 = module.candidate_configs(D, D, dtype, interpret=False, kind=kind, capability=(7, 5))
                 assert t4 and all(cfg["num_stages"] == 1 for cfg in t4)
-                assert all(max(cfg["BLOCK_M"], cfg["BLOCK_N"]) <= 64 for cfg in t4)
+                for cfg in t4:
+                    if (cfg["BLOCK_M"], cfg["BLOCK_N"]) != (16, 16):  # the last resort is always offered
+                        assert module._smem_bytes_pre_sm80(dtype, kind, cfg["BLOCK_M"], cfg["BLOCK_N"],
+                                                           cfg["BLOCK_D"], cfg["BLOCK_DV"]) <= 64 * 1024
                 a100 = module.candidate_configs(D, D, dtype, interpret=False, kind=kind, capability=(8, 0))
                 assert a100 == module.candidate_configs(D, D, dtype, interpret=False, kind=kind)
     assert module.SMEM_BUDGET_PRE_SM80 == 64 * 1024
+
+
+# Shared memory (bytes) of the kernels compiled for sm_75 (Colab's T4) with Triton 3.7.1's
+# bundled ptxas, no GPU needed: causal, key padding, D = Dv = 128, one stage
+# (measured with `bench/gpu.py --compile-only 75` and the same call for each tile).
+MEASURED_SM75 = {  # (kind, dtype, BLOCK_M, BLOCK_N) -> bytes
+    ("fwd", torch.float16, 64, 32): 49152, ("fwd", torch.float16, 32, 32): 32768,
+    ("fwd", torch.bfloat16, 64, 32): 57344, ("fwd", torch.bfloat16, 32, 32): 36864,
+    ("dkdv", torch.float16, 32, 64): 81920, ("dkdv", torch.float16, 16, 32): 40960,
+    ("dkdv", torch.bfloat16, 32, 64): 106496, ("dkdv", torch.bfloat16, 16, 32): 51200,
+    ("dq", torch.float16, 64, 32): 81920, ("dq", torch.float16, 32, 16): 40960,
+    ("dq", torch.bfloat16, 64, 32): 98304, ("dq", torch.bfloat16, 32, 16): 49152,
+}
+
+
+def test_pre_sm80_shared_memory_model_matches_the_sm75_compiler():
+    module = load_kernel()
+    for (kind, dtype, bm, bn), measured in MEASURED_SM75.items():
+        model = module._smem_bytes_pre_sm80(dtype, kind, bm, bn, 128, 128)
+        assert 0.9 * measured <= model <= 1.5 * measured, (kind, dtype, bm, bn, model, measured)
+        # the model keeps exactly the tiles the T4's 64 KB accept
+        assert (model <= module.SMEM_BUDGET_PRE_SM80) == (measured <= 64 * 1024), (kind, dtype, bm, bn)
+    for kind, dtype in [("fwd", torch.float16), ("dkdv", torch.bfloat16), ("dq", torch.float16)]:
+        first = module.candidate_configs(128, 128, dtype, interpret=False, kind=kind, capability=(7, 5))[0]
+        assert MEASURED_SM75.get((kind, dtype, first["BLOCK_M"], first["BLOCK_N"]), 0) <= 64 * 1024
 
 
 def test_dot_fp32_matches_the_low_precision_dot_on_bf16():
