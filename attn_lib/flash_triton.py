@@ -540,11 +540,12 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
     block_d, block_dv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
     elem = 4 if dtype == torch.float32 else 2
+    pre_sm80 = capability is not None and tuple(capability) < (8, 0)
     if interpret:
         tiles = [(_INTERPRET_BLOCK, _INTERPRET_BLOCK, 1)]
     else:
         tiles = []
-        if capability is not None and tuple(capability) < (8, 0):
+        if pre_sm80:
             for bm, bn, stages in _PRE_SM80_CANDIDATES[kind]:
                 if _smem_bytes_pre_sm80(dtype, kind, bm, bn, block_d, block_dv) <= SMEM_BUDGET_PRE_SM80:
                     tiles.append((bm, bn, stages))
@@ -556,7 +557,7 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
         tiles = tiles or [(16, 16, 1)]
     if block_m is not None or block_n is not None:  # one configuration: the user's blocks
         bm, bn, _ = tiles[0]
-        tiles = [(block_m or bm, block_n or bn, 1 if interpret else 2)]
+        tiles = [(block_m or bm, block_n or bn, 1 if interpret or pre_sm80 else 2)]
     out = []
     for bm, bn, stages in tiles:
         resident = bn if kind == "dkdv" else bm
