@@ -485,27 +485,30 @@ _DKDV_CANDIDATES = {
 }
 # GPUs before sm_80 (Colab's T4, sm_75): 64 KB of shared memory per block and no cp.async,
 # so one stage and smaller tiles. Triton's mma v2 path there stages the dot operands through
-# shared memory: compiled for sm_75 (``bench/gpu.py --compile-only 75``), the forward needs
-# about elem·(BLOCK_M·BLOCK_D + 2·BLOCK_N·(BLOCK_D+BLOCK_DV)) bytes and the backward kernels
-# elem·(resident + 3·streamed)·(BLOCK_D+BLOCK_DV), with elem = 2 for fp16, 2.5 for bf16 (its
-# dots run in fp32 there) and 4 for fp32; ``_smem_bytes_pre_sm80`` is that model.
+# shared memory. Compiled for sm_75 without a GPU (``bench/gpu.py --compile-only 75``), the
+# forward needed at most elem·4·max(BLOCK_M, BLOCK_N)·BLOCK_D bytes and the backward kernels
+# elem·5·resident·BLOCK_D (resident: BLOCK_N for dK/dV, BLOCK_M for dQ), with elem = 2 for
+# fp16 and 2.8 for bf16 (its dots run in fp32 there); fp32 (not measured) is taken as 4.
+# ``_smem_bytes_pre_sm80`` is that upper bound; tests/test_flash_triton.py pins the numbers.
 SMEM_BUDGET_PRE_SM80 = 64 * 1024
 _PRE_SM80_CANDIDATES = {
     "fwd": [(128, 64, 1), (64, 64, 1), (64, 32, 1), (32, 32, 1), (16, 16, 1)],
     "dq": [(128, 32, 1), (64, 32, 1), (32, 16, 1), (16, 16, 1)],
     "dkdv": [(32, 128, 1), (32, 64, 1), (16, 32, 1), (16, 16, 1)],
 }
-_PRE_SM80_ELEM = {torch.float16: 2.0, torch.bfloat16: 2.5, torch.float32: 4.0}
+_PRE_SM80_ELEM = {torch.float16: 2.0, torch.bfloat16: 2.8, torch.float32: 4.0}
 
 
 def _smem_bytes_pre_sm80(dtype: torch.dtype, kind: str, block_m: int, block_n: int, block_d: int,
                          block_dv: int) -> float:
-    """sm_80 之前的 GPU(T4)上一个程序实例要的片上内存(按 sm_75 编译结果拟合的模型,单位字节)。"""
-    elem = _PRE_SM80_ELEM[dtype]
+    """sm_80 之前的 GPU(T4)上一个程序实例要的片上内存上界(按 sm_75 编译结果拟合,单位字节)。"""
+    elem, width = _PRE_SM80_ELEM[dtype], max(block_d, block_dv)
     if kind == "fwd":
-        return elem * (block_m * block_d + 2 * block_n * (block_d + block_dv))
-    resident, streamed = (block_n, block_m) if kind == "dkdv" else (block_m, block_n)
-    return elem * (resident + 3 * streamed) * (block_d + block_dv)
+        return elem * 4 * max(block_m, block_n) * width
+    resident = block_n if kind == "dkdv" else block_m
+    return elem * 5 * resident * width
+
+
 _INTERPRET_BLOCK = 32  # numpy on the CPU: one program per 32 rows keeps the padding waste low
 _KINDS = ("fwd", "dq", "dkdv")
 

@@ -369,28 +369,32 @@ def test_gpus_before_sm80_get_one_stage_tiles_within_64_kb():
 
 
 # Shared memory (bytes) of the kernels compiled for sm_75 (Colab's T4) with Triton 3.7.1's
-# bundled ptxas, no GPU needed: causal, key padding, D = Dv = 128, one stage
-# (measured with `bench/gpu.py --compile-only 75` and the same call for each tile).
-MEASURED_SM75 = {  # (kind, dtype, BLOCK_M, BLOCK_N) -> bytes
-    ("fwd", torch.float16, 64, 32): 49152, ("fwd", torch.float16, 32, 32): 32768,
-    ("fwd", torch.bfloat16, 64, 32): 57344, ("fwd", torch.bfloat16, 32, 32): 36864,
-    ("dkdv", torch.float16, 32, 64): 81920, ("dkdv", torch.float16, 16, 32): 40960,
-    ("dkdv", torch.bfloat16, 32, 64): 106496, ("dkdv", torch.bfloat16, 16, 32): 51200,
-    ("dq", torch.float16, 64, 32): 81920, ("dq", torch.float16, 32, 16): 40960,
-    ("dq", torch.bfloat16, 64, 32): 98304, ("dq", torch.bfloat16, 32, 16): 49152,
+# bundled ptxas, no GPU needed: causal, key padding, D = Dv, one stage (measured with
+# `bench/gpu.py --compile-only 75 --head-dims 64 128` and the same call for the other tiles).
+MEASURED_SM75 = {  # (kind, dtype, D, BLOCK_M, BLOCK_N) -> bytes
+    ("fwd", torch.float16, 64, 128, 64): 65536, ("fwd", torch.bfloat16, 64, 128, 64): 81920,
+    ("fwd", torch.float16, 128, 64, 32): 49152, ("fwd", torch.float16, 128, 32, 32): 32768,
+    ("fwd", torch.bfloat16, 128, 64, 32): 57344, ("fwd", torch.bfloat16, 128, 32, 32): 36864,
+    ("dkdv", torch.float16, 64, 32, 128): 81920, ("dkdv", torch.bfloat16, 64, 32, 64): 57344,
+    ("dkdv", torch.float16, 128, 32, 64): 81920, ("dkdv", torch.float16, 128, 16, 32): 40960,
+    ("dkdv", torch.bfloat16, 128, 32, 64): 106496, ("dkdv", torch.bfloat16, 128, 16, 32): 51200,
+    ("dq", torch.float16, 64, 128, 32): 81920, ("dq", torch.bfloat16, 64, 64, 32): 49152,
+    ("dq", torch.float16, 128, 64, 32): 81920, ("dq", torch.float16, 128, 32, 16): 40960,
+    ("dq", torch.bfloat16, 128, 64, 32): 98304, ("dq", torch.bfloat16, 128, 32, 16): 49152,
 }
 
 
 def test_pre_sm80_shared_memory_model_matches_the_sm75_compiler():
     module = load_kernel()
-    for (kind, dtype, bm, bn), measured in MEASURED_SM75.items():
-        model = module._smem_bytes_pre_sm80(dtype, kind, bm, bn, 128, 128)
-        assert 0.9 * measured <= model <= 1.5 * measured, (kind, dtype, bm, bn, model, measured)
-        # the model keeps exactly the tiles the T4's 64 KB accept
-        assert (model <= module.SMEM_BUDGET_PRE_SM80) == (measured <= 64 * 1024), (kind, dtype, bm, bn)
-    for kind, dtype in [("fwd", torch.float16), ("dkdv", torch.bfloat16), ("dq", torch.float16)]:
-        first = module.candidate_configs(128, 128, dtype, interpret=False, kind=kind, capability=(7, 5))[0]
-        assert MEASURED_SM75.get((kind, dtype, first["BLOCK_M"], first["BLOCK_N"]), 0) <= 64 * 1024
+    for (kind, dtype, D, bm, bn), measured in MEASURED_SM75.items():
+        model = module._smem_bytes_pre_sm80(dtype, kind, bm, bn, D, D)
+        assert measured <= model <= 1.6 * measured, (kind, dtype, D, bm, bn, model, measured)
+    for kind in ("fwd", "dq", "dkdv"):
+        for dtype in (torch.float16, torch.bfloat16):
+            for D in (64, 128):
+                first = module.candidate_configs(D, D, dtype, interpret=False, kind=kind, capability=(7, 5))[0]
+                measured = MEASURED_SM75.get((kind, dtype, D, first["BLOCK_M"], first["BLOCK_N"]))
+                assert measured is None or measured <= 64 * 1024, (kind, dtype, D, first)
 
 
 def test_dot_fp32_matches_the_low_precision_dot_on_bf16():
