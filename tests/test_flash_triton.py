@@ -381,6 +381,8 @@ MEASURED_SM75 = {  # (kind, dtype, D, BLOCK_M, BLOCK_N) -> bytes
     ("dq", torch.float16, 64, 128, 32): 81920, ("dq", torch.bfloat16, 64, 64, 32): 49152,
     ("dq", torch.float16, 128, 64, 32): 81920, ("dq", torch.float16, 128, 32, 16): 40960,
     ("dq", torch.bfloat16, 128, 64, 32): 98304, ("dq", torch.bfloat16, 128, 32, 16): 49152,
+    ("fwd", torch.float16, 128, 64, 64): 65536, ("fwd", torch.bfloat16, 64, 64, 64): 49152,
+    ("dkdv", torch.float16, 64, 32, 64): 40960, ("dq", torch.float16, 64, 64, 32): 40960,
 }
 
 
@@ -388,13 +390,13 @@ def test_pre_sm80_shared_memory_model_matches_the_sm75_compiler():
     module = load_kernel()
     for (kind, dtype, D, bm, bn), measured in MEASURED_SM75.items():
         model = module._smem_bytes_pre_sm80(dtype, kind, bm, bn, D, D)
-        assert measured <= model <= 1.6 * measured, (kind, dtype, D, bm, bn, model, measured)
+        assert measured <= model <= 2 * measured, (kind, dtype, D, bm, bn, model, measured)
     for kind in ("fwd", "dq", "dkdv"):
         for dtype in (torch.float16, torch.bfloat16):
             for D in (64, 128):
                 first = module.candidate_configs(D, D, dtype, interpret=False, kind=kind, capability=(7, 5))[0]
                 measured = MEASURED_SM75.get((kind, dtype, D, first["BLOCK_M"], first["BLOCK_N"]))
-                assert measured is None or measured <= 64 * 1024, (kind, dtype, D, first)
+                assert measured is not None and measured <= 64 * 1024, (kind, dtype, D, first)
 
 
 def test_dot_fp32_matches_the_low_precision_dot_on_bf16():
