@@ -289,6 +289,28 @@ def test_user_block_sizes_give_one_configuration():
         module.candidate_configs(64, 64, torch.float16, interpret=False, kind="bwd")
 
 
+def test_out_of_resources_falls_back_to_the_next_configuration():
+    from triton.runtime.errors import OutOfResources
+
+    module = load_kernel()
+    configs = module.candidate_configs(128, 128, torch.float16, interpret=False, kind="dkdv")
+    tried = []
+
+    def run(cfg):  # this "GPU" accepts only the third configuration
+        tried.append(cfg)
+        if len(tried) < 3:
+            raise OutOfResources(200000, 101376, "shared memory")
+
+    assert module._run_first_fitting(configs, run) is configs[2]
+    assert tried == configs[:3]
+
+    def never(cfg):
+        raise OutOfResources(200000, 101376, "shared memory")
+
+    with pytest.raises(OutOfResources):  # the smallest configuration's failure reaches the caller
+        module._run_first_fitting(configs, never)
+
+
 def test_grid_chunks_respect_cuda_grid_limits():
     module = load_kernel()
     assert module.MAX_GRID_Y == 65535
