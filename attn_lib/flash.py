@@ -1,33 +1,32 @@
-"""FlashAttention 的唯一入口：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
+"""FlashAttention 的唯一入口（第 08 章前向、第 09 章反向）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
 
 ``flash_attention(q, k, v, causal=..., scale=..., key_padding_mask=..., backend=...)``
 
 - ``backend="auto"``: the Triton kernel when q is on a CUDA device and Triton is importable,
   otherwise the tiled torch path (``attn_lib.flash_torch``).
 - ``backend="torch"``: the tiled torch path on any device.
-- ``backend="triton"``: the Triton kernel; on CPU tensors it runs under Triton's
-  interpreter. This module is the one place that sets ``TRITON_INTERPRET=1``: in
-  ``load_kernel`` before the kernel module (and its private copy of Triton) is imported, and
-  while the kernel runs; the variable is restored afterwards. Importing attn_lib imports
-  neither Triton nor CUDA.
+- ``backend="triton"``: the Triton kernels (``flash_attention_triton`` forward,
+  ``flash_attention_triton_backward`` backward). Whether Triton compiles GPU kernels or runs
+  its interpreter (on CPU tensors, without a GPU) is decided once per process by
+  ``attn_lib.device.triton_interprets()``, before the kernel module is imported; nothing here
+  changes ``TRITON_INTERPRET`` per call. Importing attn_lib imports neither Triton nor CUDA.
 """
 from __future__ import annotations
 
-import contextlib
+import importlib
 import importlib.util
 import math
-import os
-import sys
+import numbers
 
 import torch
 
-from ._validate import check_bool, check_positive_int
+from . import device as _device
+from ._validate import check_bool, check_positive_int, check_qkv_shapes, check_same_dtype, check_scale
 from .flash_torch import check_key_padding_mask, flash_attention_torch
 from .reference import check_attention_inputs
 
 BACKENDS = ("auto", "torch", "triton")
-_KERNEL_FILE = os.path.join(os.path.dirname(__file__), "flash_triton.py")
-_kernels: dict = {}
+OVERFLOW_MESSAGE = "attention scores overflowed to +inf"
 
 
 def triton_available() -> bool:
@@ -35,121 +34,185 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-@contextlib.contextmanager
-def triton_mode(interpret: bool):
-    """在这段代码里把 TRITON_INTERPRET 设成 1（解释器）或 0（GPU 编译），结束后恢复原值。"""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+def load_kernel():
+    """导入 Triton 核函数模块 attn_lib.flash_triton（第一次调用时导入；之后返回同一个模块）。
 
-
-def _triton_modules() -> dict:
-    # The compiled extension (triton._C...) is shared; everything else is Python and re-importable.
-    return {n: m for n, m in sys.modules.items()
-            if (n == "triton" or n.startswith("triton.")) and not n.startswith("triton._C")}
-
-
-def _imported_triton_interprets():
-    """None if Triton is not imported yet, else whether the imported Triton interprets."""
-    std = sys.modules.get("triton.language.standard")
-    return None if std is None else type(std.zeros).__name__ == "InterpretedFunction"
-
-
-@contextlib.contextmanager
-def _swap_triton(private: dict | None):
-    """While active, ``import triton`` inside the block sees ``private`` (the kernel's own copy).
-
-    Modules Triton imports lazily during the block are kept in ``private`` too, and the
-    process's own Triton modules are put back afterwards. ``private=None``: no swap.
-    """
-    if private is None:
-        yield
-        return
-    saved = _triton_modules()
-    for n in saved:
-        del sys.modules[n]
-    sys.modules.update(private)
-    try:
-        yield
-    finally:
-        private.update(_triton_modules())
-        for n in _triton_modules():
-            del sys.modules[n]
-        sys.modules.update(saved)
-
-
-def _import_kernel(name: str, interpret: bool, private: dict | None):
-    with triton_mode(interpret), _swap_triton(private):
-        spec = importlib.util.spec_from_file_location(name, _KERNEL_FILE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-def load_kernel(interpret: bool):
-    """导入 Triton 核函数模块：interpret=True 时在 TRITON_INTERPRET=1 下导入（CPU 上用解释器运行）。
-
-    Triton decides when ``triton`` is first imported whether ``@triton.jit`` (its own library
-    functions included) builds GPU kernels or interpreted Python, and torch itself sometimes
-    imports triton. So the interpreted kernel always gets a private copy of Triton's Python
-    modules, imported with ``TRITON_INTERPRET=1`` set (``attn_lib._flash_triton_interpreted``);
-    the process's own ``triton`` is left as it was. The GPU kernel is the ordinary module
-    ``attn_lib.flash_triton`` (also private when the process's Triton already interprets).
+    Before the import, ``attn_lib.device.triton_interprets()`` fixes the process's Triton
+    mode: without a CUDA device it sets ``TRITON_INTERPRET=1`` so that ``@triton.jit`` builds
+    interpreted kernels that run on CPU tensors.
 
     Raises:
         ImportError: triton is not installed.
+        RuntimeError: Triton was already imported in compiled mode on a machine without a GPU.
     """
-    if interpret in _kernels:
-        return _kernels[interpret][0]
     if not triton_available():
         raise ImportError("backend='triton' needs the triton package (pip install triton); use backend='torch'")
-    if interpret:
-        name, private = "attn_lib._flash_triton_interpreted", {}
-    else:
-        name, private = "attn_lib.flash_triton", ({} if _imported_triton_interprets() is True else None)
-    _kernels[interpret] = (_import_kernel(name, interpret, private), private)
-    return _kernels[interpret][0]
+    _device.triton_interprets()
+    return importlib.import_module("attn_lib.flash_triton")
+
+
+def kernel_flags(dtype: torch.dtype, device, interpret: bool) -> dict:
+    """核函数的精度开关：DOT_FP32（每个 tl.dot 改用 fp32 计算）和 tl.dot 的 input_precision。
+
+    ``DOT_FP32`` is on under the interpreter (its bf16 ``tl.dot`` is wrong) and for bfloat16
+    on GPUs older than sm_80 (Colab's T4 is sm_75: Triton has no bf16 ``tl.dot`` there; the
+    inputs are rounded to bf16 exactly as before and multiplied in fp32). fp32 dots use
+    ``"ieee"`` (the GPU default would be TF32).
+
+    Args:
+        dtype: the inputs' dtype.
+        device: the inputs' device (its compute capability is read on CUDA).
+        interpret: whether Triton runs its interpreter in this process.
+
+    Returns:
+        ``{"dot_fp32": bool, "input_precision": "ieee" or None, "capability": (major, minor) or None}``
+        (capability None under the interpreter).
+    """
+    capability = None if interpret else _device.cuda_capability(device)
+    dot_fp32 = bool(interpret) or (dtype == torch.bfloat16 and capability < (8, 0))
+    return {"dot_fp32": dot_fp32, "input_precision": "ieee" if dtype == torch.float32 or dot_fp32 else None,
+            "capability": capability}
+
+
+def _triton_mode_for(q) -> bool:
+    """Return whether the kernel runs interpreted; refuse tensors the process's Triton cannot run."""
+    interpret = _device.triton_interprets()
+    if not interpret and q.device.type != "cuda":
+        raise ValueError(
+            f"backend='triton' got tensors on {q.device}, but Triton in this process compiles GPU kernels "
+            "(a CUDA device is present); expected CUDA tensors. Remedy: move q, k, v (and the mask) to "
+            f"'cuda', use backend='torch', or start Python with {_device.TRITON_ENV}=1 to run the kernel "
+            "under Triton's interpreter."
+        )
+    return interpret
+
+
+def _check_scale_type(scale) -> None:
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale must be a positive number or None, got {scale!r}; pass a Python float, "
+                        "e.g. scale=0.125 (the Triton kernels take no tensor or string scale)")
+
+
+def _check_triton_common(q, causal, key_padding_mask, B, S, block_m, block_n) -> None:
+    check_bool("causal", causal)
+    check_key_padding_mask(key_padding_mask, B, S, q.device)
+    if q.dtype == torch.float64:
+        raise TypeError("the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
+                        "(got q.dtype=torch.float64)")
+    for name, value in (("block_m", block_m), ("block_n", block_n)):
+        if value is not None and (check_positive_int(name, value) < 16 or value & (value - 1)):
+            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
+
+
+def check_overflow(lse: torch.Tensor, dtype=torch.float32) -> None:
+    """核函数之后检查一次：某行的 log-sum-exp 是 +inf 或 NaN，说明分数溢出（看不见任何键的行是 -inf，不算）。
+
+    Args:
+        lse: (B, H, L) log-sum-exp from the forward kernel.
+        dtype: the dtype the scores were computed in (the kernel's float32 accumulator).
+
+    Raises:
+        ValueError: a scaled score overflowed to +inf.
+    """
+    if lse.numel() and bool((torch.isnan(lse) | torch.isposinf(lse)).any()):
+        raise ValueError(f"{OVERFLOW_MESSAGE} (|scale·q·k| exceeds the range of {dtype}); "
+                         "compute in float64 or use a smaller scale")
 
 
 def flash_attention_triton(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
                            block_m: int | None = None, block_n: int | None = None):
-    """用 Triton 核函数算 FlashAttention 前向；CPU 张量走 Triton 解释器。返回 (out, lse)。
+    """用 Triton 核函数算 FlashAttention 前向；没有 GPU 时走 Triton 解释器。返回 (out, lse)。
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv); float16, bfloat16 or float32;
-            any strides. Head dims up to 256.
+            any strides. Head dims up to 256. On CUDA tensors when Triton compiles; on CPU
+            tensors under the interpreter (see ``attn_lib.device.triton_interprets``).
         causal, scale, key_padding_mask: as in ``flash_attention``.
         block_m, block_n: override the kernel's BLOCK_M / BLOCK_N (powers of two >= 16).
 
     Returns:
-        ``(out, lse)``: out (B, H, L, Dv) in q's dtype, lse (B, H, L) float32.
+        ``(out, lse)``: out (B, H, L, Dv) in q's dtype; lse (B, H, L) float32, natural log,
+        ``-inf`` for a query that sees no key.
+
+    Raises:
+        ValueError: a scaled score overflowed to +inf in float32 (checked once, on lse);
+            q, k or v requires grad while grad mode is on (this function has no autograd:
+            ``flash_attention`` has).
     """
+    _check_scale_type(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
-    _check_common(causal, key_padding_mask, B, S, q.device)
-    if q.dtype == torch.float64:
-        raise TypeError("the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch'")
-    for name, value in (("block_m", block_m), ("block_n", block_n)):
-        if value is not None and (check_positive_int(name, value) < 16 or value & (value - 1)):
-            raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's smallest tile), got {value}")
+    _check_triton_common(q, causal, key_padding_mask, B, S, block_m, block_n)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ValueError(
+            "flash_attention_triton returns (out, lse) without a gradient, but q, k or v requires grad "
+            "(expected: no autograd here); to train, use attn_lib.flash_attention(q, k, v, backend='triton'), "
+            "which runs flash_attention_triton_backward in its backward; or call this under torch.no_grad()"
+        )
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    interpret = q.device.type != "cuda"
-    module = load_kernel(interpret)
-    # Triton reads the switch again while it runs, and may import more of its own modules.
-    with triton_mode(interpret), _swap_triton(_kernels[interpret][1]):
-        return module.launch(q, k, v, key_padding_mask, causal, scale, interpret=interpret,
-                             block_m=block_m, block_n=block_n)
+    interpret = _triton_mode_for(q)
+    module = load_kernel()
+    flags = kernel_flags(q.dtype, q.device, interpret)
+    out, lse = module.launch(q, k, v, key_padding_mask, causal, scale, interpret=interpret,
+                             dot_fp32=flags["dot_fp32"], capability=flags["capability"], block_m=block_m,
+                             block_n=block_n)
+    check_overflow(lse)
+    return out, lse
 
 
-def _check_common(causal, key_padding_mask, B, S, device) -> None:
-    check_bool("causal", causal)
-    check_key_padding_mask(key_padding_mask, B, S, device)
+def _check_like(name: str, t, shape: tuple, dtype, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}; pass what "
+                         "flash_attention_triton returned for these q, k, v")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if str(t.device) != str(device):
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def flash_attention_triton_backward(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
+                                    key_padding_mask=None, block_m: int | None = None, block_n: int | None = None):
+    """用 Triton 核函数算 FlashAttention 的反向（FlashAttention-2）：由 dout 求 dq, dk, dv，不存 L×S 矩阵。
+
+    Recomputes ``P_ij = exp(S_ij − lse_i)`` block by block from the saved log-sum-exp, with
+    ``D_i = rowsum(dO_i ∘ O_i)``, ``dS_ij = P_ij ∘ (dP_ij − D_i)`` (see attn_lib/flash_triton.py).
+    Only metadata is checked here (shapes, dtypes, devices): the forward already checked the
+    values. A query that sees no key gets zero gradients.
+
+    Args:
+        q, k, v: the forward's inputs, (B, H, L, D), (B, H, S, D), (B, H, S, Dv).
+        out: the forward's output (B, H, L, Dv), q's dtype.
+        lse: the forward's log-sum-exp (B, H, L) float32, natural log, -inf for rows with no key.
+        dout: gradient of the loss with respect to ``out``, (B, H, L, Dv), q's dtype.
+        causal, scale, key_padding_mask: as in the forward call.
+        block_m, block_n: override BLOCK_M (query blocks) / BLOCK_N (key blocks), powers of two >= 16.
+
+    Returns:
+        ``(dq, dk, dv)`` with the shapes and dtype of q, k, v (contiguous).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
+    if len({str(q.device), str(k.device), str(v.device)}) > 1:
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, L, S, D, Dv = check_qkv_shapes(q, k, v)
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"q must be a floating-point tensor, got {q.dtype}")
+    _check_triton_common(q, causal, key_padding_mask, B, S, block_m, block_n)
+    _check_like("out", out, (B, H, L, Dv), q.dtype, q.device)
+    _check_like("dout", dout, (B, H, L, Dv), q.dtype, q.device)
+    _check_like("lse", lse, (B, H, L), torch.float32, q.device)
+    _check_scale_type(scale)
+    scale = check_scale(scale)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    interpret = _triton_mode_for(q)
+    module = load_kernel()
+    flags = kernel_flags(q.dtype, q.device, interpret)
+    return module.launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal, scale, interpret=interpret,
+                                  dot_fp32=flags["dot_fp32"], capability=flags["capability"], block_m=block_m,
+                                  block_n=block_n)
 
 
 def choose_backend(q, backend: str = "auto") -> str:
@@ -196,5 +259,5 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
     return out
 
 
-__all__ = ["flash_attention", "flash_attention_triton", "choose_backend", "load_kernel", "triton_available",
-           "triton_mode", "BACKENDS"]
+__all__ = ["flash_attention", "flash_attention_triton", "flash_attention_triton_backward", "choose_backend",
+           "load_kernel", "kernel_flags", "check_overflow", "triton_available", "BACKENDS"]
