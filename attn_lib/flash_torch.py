@@ -303,7 +303,7 @@ def _attn_bwd_preprocess(O, dO):
     return (dO * O).sum(-1, keepdim=True)  # (BH,L,Dv) ∘ (BH,L,Dv) -> (BH,L,1)
 
 
-def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, lse2_i, Delta_i, dK_j, dV_j, dQ_i, qk, dp, hide):
+def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, neg_lse2_i, neg_delta_i, dK_j, dV_j, dQ_i, qk, dp, hide):
     """反向的一个块对 (i, j):重算 P_ij,累加 dV_j、dK_j,顺带把 dS_ij K_j 加进 dQ_i。
 
     FlashAttention-2 / the Triton tutorial split the backward into ``_attn_bwd_dkdv`` (fixed
@@ -314,18 +314,20 @@ def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, lse2_i, Delta_i, dK_j, dV_j, dQ_i, qk, d
     is recomputed once instead of twice: five matrix products per tile instead of seven.
 
     All tensors are batched over the B·H heads (first axis). ``Q_i`` is pre-multiplied by
-    ``scale·log2(e)`` and ``lse2_i = lse_i·log2(e)``, so ``exp2(Q_i K_jᵀ − lse2_i) = P_ij``.
+    ``scale·log2(e)`` and ``neg_lse2_i = −lse_i·log2(e)`` (BH, bm, 1), so
+    ``exp2(Q_i K_jᵀ + neg_lse2_i) = P_ij``; ``neg_delta_i = −D_i`` (BH, bm, 1).
     Updates ``dK_j``, ``dV_j``, ``dQ_i`` in place (dK_j collects ``dS_ijᵀ Q_i`` with the scaled
     Q_i; the caller divides by log2(e) once at the end). ``qk`` and ``dp`` are preallocated
     (BH, bm, bn) buffers; ``hide`` is None or a bool mask broadcastable to them (True = hidden).
     """
-    torch.bmm(Q_i, K_j.transpose(1, 2), out=qk)  # (BH,bm,D) @ (BH,D,bn) -> (BH,bm,bn) scores, base 2
+    # S_ij - lse_i in one call: the matrix product added to -lse_i (saves a pass over the tile).
+    torch.baddbmm(neg_lse2_i.expand_as(qk), Q_i, K_j.transpose(1, 2), out=qk)  # (BH,bm,D) @ (BH,D,bn) -> (BH,bm,bn)
     if hide is not None:
         qk.masked_fill_(hide, float("-inf"))  # (BH,bm,bn)
-    p = qk.sub_(lse2_i).exp2_()  # P_ij = exp(S_ij - lse_i), (BH,bm,bn), in place
+    p = qk.exp2_()  # P_ij = exp(S_ij - lse_i), (BH,bm,bn), in place
     dV_j.baddbmm_(p.transpose(1, 2), dO_i)  # += (BH,bn,bm) @ (BH,bm,Dv) -> (BH,bn,Dv)
-    torch.bmm(dO_i, V_j.transpose(1, 2), out=dp)  # dP_ij: (BH,bm,Dv) @ (BH,Dv,bn) -> (BH,bm,bn)
-    ds = dp.sub_(Delta_i).mul_(p)  # dS_ij = P_ij ∘ (dP_ij - D_i), (BH,bm,bn), in place
+    torch.baddbmm(neg_delta_i.expand_as(dp), dO_i, V_j.transpose(1, 2), out=dp)  # dP_ij - D_i: (BH,bm,Dv) @ (BH,Dv,bn) -> (BH,bm,bn)
+    ds = dp.mul_(p)  # dS_ij = P_ij ∘ (dP_ij - D_i), (BH,bm,bn), in place
     dK_j.baddbmm_(ds.transpose(1, 2), Q_i)  # += (BH,bn,bm) @ (BH,bm,D) -> (BH,bn,D)
     dQ_i.baddbmm_(ds, K_j)  # += (BH,bm,bn) @ (BH,bn,D) -> (BH,bm,D)
 
@@ -378,10 +380,10 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
     K = k.to(work).reshape(BH, S, D)  # (B,H,S,D) -> (BH,S,D)
     V = v.to(work).reshape(BH, S, Dv)  # (B,H,S,Dv) -> (BH,S,Dv)
     dO = dout.to(work).reshape(BH, L, Dv)  # (B,H,L,Dv) -> (BH,L,Dv) (copies an expanded dout)
-    Delta = _attn_bwd_preprocess(out.to(work).reshape(BH, L, Dv), dO)  # (BH,L,Dv) -> (BH,L,1)
-    lse2 = (lse.to(work) * LOG2E).reshape(BH, L, 1)  # (B,H,L) -> (BH,L,1), base 2
-    # A row that sees no key: lse = -inf. Subtracting +inf instead makes its P row exactly 0.
-    lse2 = torch.where(torch.isneginf(lse2), torch.full_like(lse2, float("inf")), lse2)  # (BH,L,1)
+    neg_delta = _attn_bwd_preprocess(out.to(work).reshape(BH, L, Dv), dO).neg_()  # (BH,L,Dv) -> (BH,L,1), -D
+    neg_lse2 = (lse.to(work) * -LOG2E).reshape(BH, L, 1)  # (B,H,L) -> (BH,L,1), -lse in base 2
+    # A row that sees no key: lse = -inf. Adding -inf instead of +inf makes its P row exactly 0.
+    neg_lse2 = torch.where(torch.isposinf(neg_lse2), torch.full_like(neg_lse2, float("-inf")), neg_lse2)  # (BH,L,1)
 
     dK = torch.zeros(BH, S, D, dtype=work, device=dev)  # (BH,S,D)
     dV = torch.zeros(BH, S, Dv, dtype=work, device=dev)  # (BH,S,Dv)
@@ -413,7 +415,7 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
             if causal and n1 - 1 > m0:  # some key of the block comes after some query: the diagonal
                 diag = col_minus_row[:bm, :bn] > (m0 - n0)  # (bm,bn), True = key after query
                 hide = diag if hide is None else (hide | diag)  # (BH,bm,bn) or (bm,bn)
-            _attn_bwd_dkdv(Q[:, m0:m1], K_j, V_j, dO[:, m0:m1], lse2[:, m0:m1], Delta[:, m0:m1],
+            _attn_bwd_dkdv(Q[:, m0:m1], K_j, V_j, dO[:, m0:m1], neg_lse2[:, m0:m1], neg_delta[:, m0:m1],
                            dK_j, dV_j, dQ_blocks[i],
                            qk_buf[: BH * bm * bn].view(BH, bm, bn), dp_buf[: BH * bm * bn].view(BH, bm, bn), hide)
         dK[:, n0:n1] = dK_j
