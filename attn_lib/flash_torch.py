@@ -1,4 +1,4 @@
-"""分块 FlashAttention 前向(纯 torch,任何设备):一块查询配一块一块的键,在线 softmax,从不存下整张 L×S 分数矩阵。
+"""分块 FlashAttention 前向与反向(纯 torch,任何设备;第 08、09 章):一块查询配一块一块的键,从不存下整张 L×S 分数矩阵。
 
 The algorithm is FlashAttention-2's forward pass, written with the names of the Triton
 fused-attention tutorial so the two read side by side (``attn_lib/flash_triton.py``):
@@ -23,7 +23,17 @@ CPU speed comes from doing every (B·H) head of a query block at once: the tile 
 buffers and the softmax steps run in place, so Python iterates only
 ceil(L/BLOCK_M)·ceil(S/BLOCK_N) times. With ``causal=True`` key blocks after the query block
 are skipped, and within a block only the queries that can see the key block are computed.
-Extra memory is the tile plus O(L·D) statistics: linear in the sequence length.
+Extra memory is the tile plus O(L·D) statistics: linear in the sequence length. On CPU the
+B·H heads are shared out among ``torch.get_num_threads()`` worker threads, each running the
+loop on its heads with one intra-op thread (no barrier after every small torch call).
+
+The backward (``flash_attention_backward_torch``) is FlashAttention-2's, named as in the paper
+and the tutorial: ``_attn_bwd_preprocess`` computes D_i = rowsum(dO_i ∘ O_i), then for each key
+block ``_attn_bwd_dkdv`` recomputes P_ij = exp(S_ij − lse_i) from the saved log-sum-exp and
+accumulates dV_j, dK_j (and dQ_i, which on a GPU is the separate ``_attn_bwd_dq`` pass):
+
+    dV_j += P_ijᵀ dO_i,  dP_ij = dO_i V_jᵀ,  dS_ij = P_ij ∘ (dP_ij − D_i),
+    dQ_i += dS_ij K_j · scale,  dK_j += dS_ijᵀ Q_i · scale
 """
 from __future__ import annotations
 
@@ -40,8 +50,8 @@ LN2 = 0.6931471805599453  # ln(2): natural log = log2 * LN2
 
 DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_N = 256
-DEFAULT_BWD_BLOCK_M = 256  # backward: queries per block
-DEFAULT_BWD_BLOCK_N = 512  # backward: keys per block
+DEFAULT_BWD_BLOCK_M = 128  # backward: queries per block
+DEFAULT_BWD_BLOCK_N = 256  # backward: keys per block
 
 
 def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
@@ -106,6 +116,49 @@ def overflow_error(dtype) -> ValueError:
         f"attention scores overflowed to +inf (|scale·q·k| exceeds the range of {name}); "
         "compute in float64 or use a smaller scale"
     )
+
+
+def _head_workers(q) -> int:
+    """CPU 上把 B·H 个头分给几个线程(1 = 不分,在当前线程里算)。
+
+    Each tile step is a handful of torch calls; with torch's intra-op threads every call is
+    a parallel region that waits for its slowest thread, and on a busy machine (another
+    process holding a core) that wait dominates. Giving each worker thread whole heads, with
+    one intra-op thread each, has no such barrier. Not used on GPUs, with one thread, with a
+    single head, or while a ``TorchDispatchMode`` is active (such a mode, e.g.
+    ``io_model.largest_tensor``, sees only the ops of its own thread).
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if q.device.type != "cpu" or _get_current_dispatch_mode() is not None:
+        return 1
+    B, H = q.shape[0], q.shape[1]
+    return max(1, min(torch.get_num_threads(), H if H > 1 else B))
+
+
+def _split_heads(fn, workers: int, tensors, key_padding_mask, kwargs):
+    """把 (B, H, ...) 的输入按头(H = 1 时按 batch)切成 workers 份,各在一个线程里算,再拼回来。"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    B, H = tensors[0].shape[0], tensors[0].shape[1]
+    axis = 1 if H > 1 else 0  # split the heads; a single head: split the batch (and the padding mask)
+    parts = [r.tolist() for r in torch.arange(tensors[0].shape[axis]).tensor_split(workers)]
+
+    def job(idx):
+        sl = slice(idx[0], idx[-1] + 1)
+        chunk = [t[:, sl] if axis == 1 else t[sl] for t in tensors]  # (B,h,...) or (b,H,...)
+        kpm = key_padding_mask if (key_padding_mask is None or axis == 1) else key_padding_mask[sl]  # (B,S) or (b,S)
+        with torch.no_grad():  # grad mode is per thread; these are forward/backward kernels, never recorded
+            return fn(*chunk, kpm, **kwargs)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one intra-op thread per worker, restored below
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(job, [p for p in parts if p]))
+    finally:
+        torch.set_num_threads(threads)
+    return tuple(torch.cat(pieces, dim=axis) for pieces in zip(*results))  # e.g. (B,h,L,Dv)* -> (B,H,L,Dv)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -193,6 +246,17 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
     block_n = DEFAULT_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
     check_bool("causal", causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    workers = _head_workers(q) if counter is None else 1
+    if workers > 1:
+        return _split_heads(_forward_tiles, workers, (q, k, v), key_padding_mask,
+                            dict(causal=causal, scale=scale, block_m=block_m, block_n=block_n, counter=None))
+    return _forward_tiles(q, k, v, key_padding_mask, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
+                          counter=counter)
+
+
+def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter):
+    """flash_attention_torch 的主体(输入已检查过,scale 已是数)。"""
+    (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     BH = B * H
     bm_max, bn_max = min(block_m, max(L, 1)), min(block_n, max(S, 1))
@@ -348,7 +412,8 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
     blocks entirely before a key block are skipped. A query that sees no key (``lse = -inf``)
     gets zero gradients. Any device; float64 stays float64 (``torch.autograd.gradcheck``
     runs on it), other dtypes are computed in float32. Extra memory: two (B·H, BLOCK_M,
-    BLOCK_N) tiles and O((L + S)·D) accumulators.
+    BLOCK_N) tiles and O((L + S)·D) accumulators. On CPU the heads are shared out among
+    ``torch.get_num_threads()`` worker threads (see ``_head_workers``), as in the forward.
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), the forward's inputs.
@@ -356,8 +421,8 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
         lse: the forward's log-sum-exp (B, H, L), natural log, ``-inf`` for rows that see no key.
         dout: gradient of the loss with respect to ``out``, (B, H, L, Dv).
         causal, scale, key_padding_mask: as in the forward.
-        block_m: queries per block; ``None`` = 256.
-        block_n: keys per block; ``None`` = 512.
+        block_m: queries per block; ``None`` = 128.
+        block_n: keys per block; ``None`` = 256.
 
     Returns:
         ``(dq, dk, dv)`` with the shapes and dtypes of q, k, v. Computed without building a
@@ -371,6 +436,17 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
     block_m = DEFAULT_BWD_BLOCK_M if block_m is None else check_positive_int("block_m", block_m)
     block_n = DEFAULT_BWD_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    workers = _head_workers(q)
+    if workers > 1:
+        return _split_heads(_backward_tiles, workers, (q, k, v, out, lse, dout), key_padding_mask,
+                            dict(causal=causal, scale=scale, block_m=block_m, block_n=block_n))
+    return _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=causal, scale=scale,
+                           block_m=block_m, block_n=block_n)
+
+
+def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n):
+    """flash_attention_backward_torch 的主体(输入已检查过,scale 已是数)。"""
+    (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     dev = q.device
     BH = B * H
