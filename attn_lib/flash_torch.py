@@ -1,4 +1,4 @@
-"""分块 FlashAttention 前向与反向(纯 torch,任何设备;第 08、09 章):一块查询配一块一块的键,从不存下整张 L×S 分数矩阵。
+"""分块 FlashAttention 前向与反向（纯 torch，任何设备；第 08、09 章）：一块查询配一块一块的键，从不存下整张 L×S 分数矩阵。
 
 The algorithm is FlashAttention-2's forward pass, written with the names of the Triton
 fused-attention tutorial so the two read side by side (``attn_lib/flash_triton.py``):
@@ -55,7 +55,7 @@ DEFAULT_BWD_BLOCK_N = 256  # backward: keys per block
 
 
 def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
-    """检查键填充掩码:必须是布尔张量,形状 (B, S),True = 这个键存在。
+    """检查键填充掩码：必须是布尔张量，形状 (B, S)，True = 这个键存在。
 
     Args:
         key_padding_mask: None or a bool tensor (B, S).
@@ -86,7 +86,7 @@ def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
 
 
 def check_scale_not_differentiable(scale) -> None:
-    """检查 scale:它不可求导,所以不接受 requires_grad=True 的张量(否则梯度会被悄悄丢掉)。
+    """检查 scale：它不可求导，所以不接受 requires_grad=True 的张量（否则梯度会被悄悄丢掉）。
 
     Args:
         scale: None, a number, or a tensor that does not require grad.
@@ -100,7 +100,7 @@ def check_scale_not_differentiable(scale) -> None:
 
 
 def check_no_grad_needed(fn_name: str, *tensors) -> None:
-    """前向专用函数的检查:需要梯度的输入会被拒绝,并指出该用哪个可求导的函数。"""
+    """前向专用函数的检查：需要梯度的输入会被拒绝，并指出该用哪个可求导的函数。"""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
         raise ValueError(
             f"{fn_name} is forward-only (it writes into preallocated buffers, which autograd cannot follow), "
@@ -119,7 +119,7 @@ def overflow_error(dtype) -> ValueError:
 
 
 def _head_workers(q) -> int:
-    """CPU 上把 B·H 个头分给几个线程(1 = 不分,在当前线程里算)。
+    """CPU 上把 B·H 个头分给几个线程（1 = 不分，在当前线程里算）。
 
     Each tile step is a handful of torch calls; with torch's intra-op threads every call is
     a parallel region that waits for its slowest thread, and on a busy machine (another
@@ -137,7 +137,7 @@ def _head_workers(q) -> int:
 
 
 def _split_heads(fn, workers: int, tensors, key_padding_mask, kwargs):
-    """把 (B, H, ...) 的输入按头(H = 1 时按 batch)切成 workers 份,各在一个线程里算,再拼回来。"""
+    """把 (B, H, ...) 的输入按头（H = 1 时按 batch）切成 workers 份，各在一个线程里算，再拼回来。"""
     from concurrent.futures import ThreadPoolExecutor
 
     B, H = tensors[0].shape[0], tensors[0].shape[1]
@@ -166,7 +166,7 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None):
-    """朴素注意力:整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V(基准测试和误差规则的对照)。
+    """朴素注意力：整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V（基准测试和误差规则的对照）。
 
     Written the way a model does it without a fused kernel (and the way flash-attn's tests
     build their low-precision baseline): ``q @ kᵀ`` in the input dtype, softmax in float32,
@@ -209,7 +209,7 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
 def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
                           block_m: int | None = None, block_n: int | None = None, counter=None):
-    """分块 FlashAttention 前向(纯 torch):返回输出和每个查询的 log-sum-exp,不存整张分数矩阵。
+    """分块 FlashAttention 前向（纯 torch）：返回输出和每个查询的 log-sum-exp，不存整张分数矩阵。
 
     Same semantics as ``attn_lib.attention(q, k, v, is_causal=causal, mask=...)`` with a key
     padding mask given as ``mask = key_padding_mask[:, None, None, :]``.
@@ -255,7 +255,7 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
 
 
 def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter):
-    """flash_attention_torch 的主体(输入已检查过,scale 已是数)。"""
+    """flash_attention_torch 的主体（输入已检查过，scale 已是数）。"""
     (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     BH = B * H
@@ -352,7 +352,7 @@ def _check_saved(q, out, lse, dout, B: int, H: int, L: int, Dv: int) -> None:
 
 
 def _attn_bwd_preprocess(O, dO):
-    """反向第 0 步:D_i = rowsum(dO_i ∘ O_i),每个查询一个数,代替存下整张 P。
+    """反向第 0 步：D_i = rowsum(dO_i ∘ O_i)，每个查询一个数，代替存下整张 P。
 
     ``D_i = Σ_j P_ij dP_ij`` because ``dP_ij = dO_i · v_j`` and ``O_i = Σ_j P_ij v_j``; one
     dot product per query instead of a row of L×S.
@@ -368,7 +368,7 @@ def _attn_bwd_preprocess(O, dO):
 
 
 def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, neg_lse2_i, neg_delta_i, dK_j, dV_j, dQ_i, qk, dp, hide):
-    """反向的一个块对 (i, j):重算 P_ij,累加 dV_j、dK_j,顺带把 dS_ij K_j 加进 dQ_i。
+    """反向的一个块对 (i, j)：重算 P_ij，累加 dV_j、dK_j，顺带把 dS_ij K_j 加进 dQ_i。
 
     FlashAttention-2 / the Triton tutorial split the backward into ``_attn_bwd_dkdv`` (fixed
     key block j, loop over query blocks i) and ``_attn_bwd_dq`` (fixed query block i, loop
@@ -399,7 +399,7 @@ def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, neg_lse2_i, neg_delta_i, dK_j, dV_j, dQ_
 @torch.no_grad()
 def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
                                    key_padding_mask=None, block_m: int | None = None, block_n: int | None = None):
-    """分块 FlashAttention-2 反向(纯 torch):由 q、k、v、输出和 lse 重算 P,算出 dq、dk、dv,不存 L×S 矩阵。
+    """分块 FlashAttention-2 反向（纯 torch）：由 q、k、v、输出和 lse 重算 P，算出 dq、dk、dv，不存 L×S 矩阵。
 
     The backward of ``flash_attention_torch``: for each key block K_j, V_j and each query
     block Q_i that can see it, recompute ``P_ij = exp(S_ij − lse_i)`` from the saved
@@ -445,7 +445,7 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
 
 
 def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n):
-    """flash_attention_backward_torch 的主体(输入已检查过,scale 已是数)。"""
+    """flash_attention_backward_torch 的主体（输入已检查过，scale 已是数）。"""
     (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     dev = q.device
