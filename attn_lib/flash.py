@@ -233,16 +233,56 @@ def choose_backend(q, backend: str = "auto") -> str:
     return backend
 
 
+class FlashAttentionFunction(torch.autograd.Function):
+    """可求导的 FlashAttention：前向存 q、k、v、输出和 lse（从不存 L×S 矩阵），反向按 FlashAttention-2 分块重算。
+
+    ``FlashAttentionFunction.apply(q, k, v, causal, scale, key_padding_mask, backend)`` with
+    ``backend`` ``"torch"`` or ``"triton"`` (already resolved by ``choose_backend``). The
+    forward is the backend's forward (``flash_attention_torch`` / ``flash_attention_triton``,
+    both return ``(out, lse)``); the backward is ``flash_attention_backward_torch`` /
+    ``flash_attention_triton_backward``. Gradients flow to q, k and v only.
+    """
+
+    @staticmethod
+    def run_forward(backend: str, q, k, v, causal, scale, key_padding_mask):
+        """只跑前向（不建计算图）：返回 (out, lse)。"""
+        if backend == "triton":
+            return flash_attention_triton(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+        return flash_attention_torch(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, key_padding_mask, backend):
+        out, lse = FlashAttentionFunction.run_forward(backend, q, k, v, causal, scale,
+                                                      key_padding_mask)  # (B,H,L,Dv), (B,H,L)
+        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
+        ctx.causal, ctx.scale, ctx.backend = causal, scale, backend
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        from .flash_torch import flash_attention_backward_torch
+
+        q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
+        if ctx.backend == "triton":
+            backward = flash_attention_triton_backward
+        else:
+            backward = flash_attention_backward_torch
+        dq, dk, dv = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale,
+                              key_padding_mask=key_padding_mask)
+        return dq, dk, dv, None, None, None, None
+
+
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
                     backend: str = "auto"):
-    """FlashAttention 前向：与 attn_lib.attention 结果相同，但不存整张分数矩阵。只返回输出。
+    """FlashAttention：与 attn_lib.attention 结果相同，但不存整张分数矩阵；可以求导（对 q、k、v）。
 
     Args:
         q: queries, shape (B, H, L, D).
         k: keys, shape (B, H, S, D).
         v: values, shape (B, H, S, Dv).
         causal: query i sees keys 0..i (top-left aligned, as ``attn_lib.causal_mask``).
-        scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``.
+        scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``. A number (not differentiable).
         key_padding_mask: optional bool (B, S), True = key present (same as
             ``attention(..., mask=key_padding_mask[:, None, None, :])``).
         backend: ``"auto"`` (Triton on CUDA when available, else torch), ``"torch"`` or
@@ -250,14 +290,25 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
 
     Returns:
         Output of shape (B, H, L, Dv) in q's dtype; a query that sees no key gets zeros.
+        When grad mode is on and q, k or v requires grad, the output has a ``grad_fn``
+        (``FlashAttentionFunction``): the backward is FlashAttention-2's, recomputing the
+        attention proportions block by block from the saved log-sum-exp; a query that sees no
+        key gets zero gradients.
+
+    Raises:
+        ValueError: ``scale`` is a tensor that requires grad, or ``key_padding_mask`` requires
+            grad (neither is differentiable), or a score overflows to +inf.
     """
+    from .flash_torch import check_scale_not_differentiable
+
     which = choose_backend(q, backend)
-    if which == "triton":
-        out, _ = flash_attention_triton(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
-    else:
-        out, _ = flash_attention_torch(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+    check_scale_not_differentiable(scale)  # (a key_padding_mask that requires grad is refused by the forward)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if needs_grad:
+        return FlashAttentionFunction.apply(q, k, v, causal, scale, key_padding_mask, which)
+    out, _ = FlashAttentionFunction.run_forward(which, q, k, v, causal, scale, key_padding_mask)
     return out
 
 
-__all__ = ["flash_attention", "flash_attention_triton", "flash_attention_triton_backward", "choose_backend",
-           "load_kernel", "kernel_flags", "check_overflow", "triton_available", "BACKENDS"]
+__all__ = ["flash_attention", "FlashAttentionFunction", "flash_attention_triton", "flash_attention_triton_backward",
+           "choose_backend", "load_kernel", "kernel_flags", "check_overflow", "triton_available", "BACKENDS"]

@@ -1,4 +1,4 @@
-"""分块 FlashAttention 前向（纯 torch，任何设备）：一块查询配一块一块的键，在线 softmax，从不存下整张 L×S 分数矩阵。
+"""分块 FlashAttention 前向与反向（纯 torch，任何设备；第 08、09 章）：一块查询配一块一块的键，从不存下整张 L×S 分数矩阵。
 
 The algorithm is FlashAttention-2's forward pass, written with the names of the Triton
 fused-attention tutorial so the two read side by side (``attn_lib/flash_triton.py``):
@@ -23,7 +23,17 @@ CPU speed comes from doing every (B·H) head of a query block at once: the tile 
 buffers and the softmax steps run in place, so Python iterates only
 ceil(L/BLOCK_M)·ceil(S/BLOCK_N) times. With ``causal=True`` key blocks after the query block
 are skipped, and within a block only the queries that can see the key block are computed.
-Extra memory is the tile plus O(L·D) statistics: linear in the sequence length.
+Extra memory is the tile plus O(L·D) statistics: linear in the sequence length. On CPU the
+B·H heads are shared out among ``torch.get_num_threads()`` worker threads, each running the
+loop on its heads with one intra-op thread (no barrier after every small torch call).
+
+The backward (``flash_attention_backward_torch``) is FlashAttention-2's, named as in the paper
+and the tutorial: ``_attn_bwd_preprocess`` computes D_i = rowsum(dO_i ∘ O_i), then for each key
+block ``_attn_bwd_dkdv`` recomputes P_ij = exp(S_ij − lse_i) from the saved log-sum-exp and
+accumulates dV_j, dK_j (and dQ_i, which on a GPU is the separate ``_attn_bwd_dq`` pass):
+
+    dV_j += P_ijᵀ dO_i,  dP_ij = dO_i V_jᵀ,  dS_ij = P_ij ∘ (dP_ij − D_i),
+    dQ_i += dS_ij K_j · scale,  dK_j += dS_ijᵀ Q_i · scale
 """
 from __future__ import annotations
 
@@ -40,10 +50,12 @@ LN2 = 0.6931471805599453  # ln(2): natural log = log2 * LN2
 
 DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_N = 256
+DEFAULT_BWD_BLOCK_M = 128  # backward: queries per block
+DEFAULT_BWD_BLOCK_N = 256  # backward: keys per block
 
 
 def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
-    """检查键填充掩码：必须是布尔张量，形状 (B, S),True = 这个键存在。
+    """检查键填充掩码：必须是布尔张量，形状 (B, S)，True = 这个键存在。
 
     Args:
         key_padding_mask: None or a bool tensor (B, S).
@@ -54,6 +66,11 @@ def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
         return
     if not isinstance(key_padding_mask, torch.Tensor):
         raise TypeError(f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}")
+    if key_padding_mask.requires_grad:
+        raise ValueError(
+            "key_padding_mask requires grad, but it is not differentiable (a key is either present or not); "
+            "pass a bool tensor (True = key present), e.g. key_padding_mask.detach() > 0.5"
+        )
     if key_padding_mask.dtype != torch.bool:
         raise TypeError(
             f"key_padding_mask must be bool (True = key present), got {key_padding_mask.dtype}; "
@@ -66,6 +83,82 @@ def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
         )
     if str(key_padding_mask.device) != str(torch.device(device)):
         raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but q is on {device}")
+
+
+def check_scale_not_differentiable(scale) -> None:
+    """检查 scale：它不可求导，所以不接受 requires_grad=True 的张量（否则梯度会被悄悄丢掉）。
+
+    Args:
+        scale: None, a number, or a tensor that does not require grad.
+    """
+    if isinstance(scale, torch.Tensor) and scale.requires_grad:
+        raise ValueError(
+            "scale is a tensor that requires grad, but the attention paths take scale as a fixed number and "
+            "do not differentiate with respect to it (its gradient would be silently dropped); pass "
+            "float(scale) or scale.detach(), or fold a learned scale into q (q * s) before the call"
+        )
+
+
+def check_no_grad_needed(fn_name: str, *tensors) -> None:
+    """前向专用函数的检查：需要梯度的输入会被拒绝，并指出该用哪个可求导的函数。"""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise ValueError(
+            f"{fn_name} is forward-only (it writes into preallocated buffers, which autograd cannot follow), "
+            "but q, k or v requires grad; to train, call attn_lib.flash_attention(q, k, v, backend='torch'), "
+            "whose backward is the tiled FlashAttention-2 backward, or wrap this call in torch.no_grad()"
+        )
+
+
+def overflow_error(dtype) -> ValueError:
+    """分数溢出到 +inf 时各条路径统一给出的 ValueError。"""
+    name = str(dtype).replace("torch.", "")
+    return ValueError(
+        f"attention scores overflowed to +inf (|scale·q·k| exceeds the range of {name}); "
+        "compute in float64 or use a smaller scale"
+    )
+
+
+def _head_workers(q) -> int:
+    """CPU 上把 B·H 个头分给几个线程（1 = 不分，在当前线程里算）。
+
+    Each tile step is a handful of torch calls; with torch's intra-op threads every call is
+    a parallel region that waits for its slowest thread, and on a busy machine (another
+    process holding a core) that wait dominates. Giving each worker thread whole heads, with
+    one intra-op thread each, has no such barrier. Not used on GPUs, with one thread, with a
+    single head, or while a ``TorchDispatchMode`` is active (such a mode, e.g.
+    ``io_model.largest_tensor``, sees only the ops of its own thread).
+    """
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    if q.device.type != "cpu" or _get_current_dispatch_mode() is not None:
+        return 1
+    B, H = q.shape[0], q.shape[1]
+    return max(1, min(torch.get_num_threads(), H if H > 1 else B))
+
+
+def _split_heads(fn, workers: int, tensors, key_padding_mask, kwargs):
+    """把 (B, H, ...) 的输入按头（H = 1 时按 batch）切成 workers 份，各在一个线程里算，再拼回来。"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    B, H = tensors[0].shape[0], tensors[0].shape[1]
+    axis = 1 if H > 1 else 0  # split the heads; a single head: split the batch (and the padding mask)
+    parts = [r.tolist() for r in torch.arange(tensors[0].shape[axis]).tensor_split(workers)]
+
+    def job(idx):
+        sl = slice(idx[0], idx[-1] + 1)
+        chunk = [t[:, sl] if axis == 1 else t[sl] for t in tensors]  # (B,h,...) or (b,H,...)
+        kpm = key_padding_mask if (key_padding_mask is None or axis == 1) else key_padding_mask[sl]  # (B,S) or (b,S)
+        with torch.no_grad():  # grad mode is per thread; these are forward/backward kernels, never recorded
+            return fn(*chunk, kpm, **kwargs)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one intra-op thread per worker, restored below
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(job, [p for p in parts if p]))
+    finally:
+        torch.set_num_threads(threads)
+    return tuple(torch.cat(pieces, dim=axis) for pieces in zip(*results))  # e.g. (B,h,L,Dv)* -> (B,H,L,Dv)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -85,8 +178,14 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         causal, scale, key_padding_mask: as in ``flash_attention_torch``.
 
     Returns:
-        Output (B, H, L, Dv) in q's dtype; rows that see no key are zeros.
+        Output (B, H, L, Dv) in q's dtype; rows that see no key are zeros. Differentiable
+        (plain autograd through the full matrix; a row that sees no key gets zero gradients).
+
+    Raises:
+        ValueError: a score overflows to +inf in q's dtype, or ``scale`` is a tensor that
+            requires grad (not differentiable).
     """
+    check_scale_not_differentiable(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     check_bool("causal", causal)
@@ -96,9 +195,15 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         scores.masked_fill_(~causal_mask(L, S, device=q.device), float("-inf"))  # (B,H,L,S)
     if key_padding_mask is not None:
         scores.masked_fill_(~key_padding_mask[:, None, None, :], float("-inf"))  # (B,H,L,S)
+    if S:
+        row_max = scores.detach().amax(-1)  # (B,H,L,S) -> (B,H,L); -inf for a row that sees no key
+        if bool((torch.isposinf(row_max) | torch.isnan(row_max)).any()):
+            raise overflow_error(q.dtype)
     probs = torch.softmax(scores, dim=-1, dtype=_work_dtype(q.dtype))  # (B,H,L,S) proportions
     if key_padding_mask is not None:
-        probs = probs.nan_to_num_(0.0)  # a query whose keys are all absent: zeros, as attn_lib.softmax
+        # A query whose keys are all absent: zeros, as attn_lib.softmax. Out of place, so that
+        # softmax's backward still finds the output it saved.
+        probs = probs.nan_to_num(0.0)  # (B,H,L,S)
     return probs.to(q.dtype) @ v  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
 
 
@@ -126,13 +231,32 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
         ``(out, lse)``: out (B, H, L, Dv) in q's dtype; lse (B, H, L) = log Σ_j exp(scale·q·k_j)
         over visible keys, float32 (float64 for float64 input). A query that sees no key gets
         a zero output and ``lse = -inf``. float16/bfloat16 are accumulated in float32.
+        Forward only: to train, use ``attn_lib.flash_attention`` (its backward is
+        ``flash_attention_backward_torch``).
+
+    Raises:
+        ValueError: a score overflows to +inf in the working dtype (float32, or float64);
+            q, k or v requires grad while grad mode is on; ``scale`` requires grad.
     """
+    check_scale_not_differentiable(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
+    check_no_grad_needed("flash_attention_torch", q, k, v)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     block_m = DEFAULT_BLOCK_M if block_m is None else check_positive_int("block_m", block_m)
     block_n = DEFAULT_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
     check_bool("causal", causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    workers = _head_workers(q) if counter is None else 1
+    if workers > 1:
+        return _split_heads(_forward_tiles, workers, (q, k, v), key_padding_mask,
+                            dict(causal=causal, scale=scale, block_m=block_m, block_n=block_n, counter=None))
+    return _forward_tiles(q, k, v, key_padding_mask, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
+                          counter=counter)
+
+
+def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter):
+    """flash_attention_torch 的主体（输入已检查过，scale 已是数）。"""
+    (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     BH = B * H
     bm_max, bn_max = min(block_m, max(L, 1)), min(block_n, max(S, 1))
@@ -202,9 +326,184 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
             counter.store("O", BH * bm * Dv)
             counter.store("lse", BH * bm)
 
+    # Overflow, checked once: a +inf score makes its row's max +inf and its lse nan (or +inf).
+    # A row that sees no key has lse = -inf, which is not an overflow.
+    if bool((torch.isnan(lse) | torch.isposinf(lse)).any()):
+        raise overflow_error(work)
     out = out.view(B, H, L, Dv).to(q.dtype)  # (BH,L,Dv) -> (B,H,L,Dv)
     lse = lse.view(B, H, L)  # (BH,L) -> (B,H,L)
     return out, lse
 
 
-__all__ = ["flash_attention_torch", "naive_attention", "check_key_padding_mask", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
+def _check_saved(q, out, lse, dout, B: int, H: int, L: int, Dv: int) -> None:
+    """检查反向传播的输入 out、lse、dout 的类型、形状、精度和设备。"""
+    for name, t, shape in (("out", out, (B, H, L, Dv)), ("lse", lse, (B, H, L)), ("dout", dout, (B, H, L, Dv))):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"{name} must have shape {shape} (from q, k, v: B, H, L and Dv), got {tuple(t.shape)}; "
+                "pass the out and lse that the forward returned for these q, k, v"
+            )
+        if str(t.device) != str(q.device):
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+
+
+def _attn_bwd_preprocess(O, dO):
+    """反向第 0 步：D_i = rowsum(dO_i ∘ O_i)，每个查询一个数，代替存下整张 P。
+
+    ``D_i = Σ_j P_ij dP_ij`` because ``dP_ij = dO_i · v_j`` and ``O_i = Σ_j P_ij v_j``; one
+    dot product per query instead of a row of L×S.
+
+    Args:
+        O: the forward's output, (BH, L, Dv).
+        dO: the gradient of the loss with respect to it, (BH, L, Dv).
+
+    Returns:
+        D of shape (BH, L, 1).
+    """
+    return (dO * O).sum(-1, keepdim=True)  # (BH,L,Dv) ∘ (BH,L,Dv) -> (BH,L,1)
+
+
+def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, neg_lse2_i, neg_delta_i, dK_j, dV_j, dQ_i, qk, dp, hide):
+    """反向的一个块对 (i, j)：重算 P_ij，累加 dV_j、dK_j，顺带把 dS_ij K_j 加进 dQ_i。
+
+    FlashAttention-2 / the Triton tutorial split the backward into ``_attn_bwd_dkdv`` (fixed
+    key block j, loop over query blocks i) and ``_attn_bwd_dq`` (fixed query block i, loop
+    over key blocks j), because on a GPU thousands of key blocks run at once and adding into
+    one dQ_i from all of them would need atomics. On a CPU the loop runs in order, so the
+    dQ_i update ``dQ_i += dS_ij K_j`` (what ``_attn_bwd_dq`` does) is done here too and P_ij
+    is recomputed once instead of twice: five matrix products per tile instead of seven.
+
+    All tensors are batched over the B·H heads (first axis). ``Q_i`` is pre-multiplied by
+    ``scale·log2(e)`` and ``neg_lse2_i = −lse_i·log2(e)`` (BH, bm, 1), so
+    ``exp2(Q_i K_jᵀ + neg_lse2_i) = P_ij``; ``neg_delta_i = −D_i`` (BH, bm, 1).
+    Updates ``dK_j``, ``dV_j``, ``dQ_i`` in place (dK_j collects ``dS_ijᵀ Q_i`` with the scaled
+    Q_i; the caller divides by log2(e) once at the end). ``qk`` and ``dp`` are preallocated
+    (BH, bm, bn) buffers; ``hide`` is None or a bool mask broadcastable to them (True = hidden).
+    """
+    # S_ij - lse_i in one call: the matrix product added to -lse_i (saves a pass over the tile).
+    torch.baddbmm(neg_lse2_i.expand_as(qk), Q_i, K_j.transpose(1, 2), out=qk)  # (BH,bm,D) @ (BH,D,bn) -> (BH,bm,bn)
+    if hide is not None:
+        qk.masked_fill_(hide, float("-inf"))  # (BH,bm,bn)
+    p = qk.exp2_()  # P_ij = exp(S_ij - lse_i), (BH,bm,bn), in place
+    dV_j.baddbmm_(p.transpose(1, 2), dO_i)  # += (BH,bn,bm) @ (BH,bm,Dv) -> (BH,bn,Dv)
+    torch.baddbmm(neg_delta_i.expand_as(dp), dO_i, V_j.transpose(1, 2), out=dp)  # dP_ij - D_i: (BH,bm,Dv) @ (BH,Dv,bn) -> (BH,bm,bn)
+    ds = dp.mul_(p)  # dS_ij = P_ij ∘ (dP_ij - D_i), (BH,bm,bn), in place
+    dK_j.baddbmm_(ds.transpose(1, 2), Q_i)  # += (BH,bn,bm) @ (BH,bm,D) -> (BH,bn,D)
+    dQ_i.baddbmm_(ds, K_j)  # += (BH,bm,bn) @ (BH,bn,D) -> (BH,bm,D)
+
+
+@torch.no_grad()
+def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = False, scale: float | None = None,
+                                   key_padding_mask=None, block_m: int | None = None, block_n: int | None = None):
+    """分块 FlashAttention-2 反向（纯 torch）：由 q、k、v、输出和 lse 重算 P，算出 dq、dk、dv，不存 L×S 矩阵。
+
+    The backward of ``flash_attention_torch``: for each key block K_j, V_j and each query
+    block Q_i that can see it, recompute ``P_ij = exp(S_ij − lse_i)`` from the saved
+    log-sum-exp, then
+
+        dV_j += P_ijᵀ dO_i,   dP_ij = dO_i V_jᵀ,   dS_ij = P_ij ∘ (dP_ij − D_i),
+        dQ_i += dS_ij K_j · scale,   dK_j += dS_ijᵀ Q_i · scale,
+
+    with ``D_i = rowsum(dO_i ∘ O_i)`` (``_attn_bwd_preprocess``). With ``causal=True`` query
+    blocks entirely before a key block are skipped. A query that sees no key (``lse = -inf``)
+    gets zero gradients. Any device; float64 stays float64 (``torch.autograd.gradcheck``
+    runs on it), other dtypes are computed in float32. Extra memory: two (B·H, BLOCK_M,
+    BLOCK_N) tiles and O((L + S)·D) accumulators. On CPU the heads are shared out among
+    ``torch.get_num_threads()`` worker threads (see ``_head_workers``), as in the forward.
+
+    Args:
+        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), the forward's inputs.
+        out: the forward's output (B, H, L, Dv).
+        lse: the forward's log-sum-exp (B, H, L), natural log, ``-inf`` for rows that see no key.
+        dout: gradient of the loss with respect to ``out``, (B, H, L, Dv).
+        causal, scale, key_padding_mask: as in the forward.
+        block_m: queries per block; ``None`` = 128.
+        block_n: keys per block; ``None`` = 256.
+
+    Returns:
+        ``(dq, dk, dv)`` with the shapes and dtypes of q, k, v. Computed without building a
+        graph (no gradients of gradients).
+    """
+    check_scale_not_differentiable(scale)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
+    check_key_padding_mask(key_padding_mask, B, S, q.device)
+    check_bool("causal", causal)
+    _check_saved(q, out, lse, dout, B, H, L, Dv)
+    block_m = DEFAULT_BWD_BLOCK_M if block_m is None else check_positive_int("block_m", block_m)
+    block_n = DEFAULT_BWD_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    workers = _head_workers(q)
+    if workers > 1:
+        return _split_heads(_backward_tiles, workers, (q, k, v, out, lse, dout), key_padding_mask,
+                            dict(causal=causal, scale=scale, block_m=block_m, block_n=block_n))
+    return _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=causal, scale=scale,
+                           block_m=block_m, block_n=block_n)
+
+
+def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n):
+    """flash_attention_backward_torch 的主体（输入已检查过，scale 已是数）。"""
+    (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
+    work = _work_dtype(q.dtype)
+    dev = q.device
+    BH = B * H
+    bm_max, bn_max = min(block_m, max(L, 1)), min(block_n, max(S, 1))
+
+    Q = (q.to(work) * (scale * LOG2E)).reshape(BH, L, D)  # (B,H,L,D) -> (BH,L,D), scores in base 2
+    K = k.to(work).reshape(BH, S, D)  # (B,H,S,D) -> (BH,S,D)
+    V = v.to(work).reshape(BH, S, Dv)  # (B,H,S,Dv) -> (BH,S,Dv)
+    dO = dout.to(work).reshape(BH, L, Dv)  # (B,H,L,Dv) -> (BH,L,Dv) (copies an expanded dout)
+    neg_delta = _attn_bwd_preprocess(out.to(work).reshape(BH, L, Dv), dO).neg_()  # (BH,L,Dv) -> (BH,L,1), -D
+    neg_lse2 = (lse.to(work) * -LOG2E).reshape(BH, L, 1)  # (B,H,L) -> (BH,L,1), -lse in base 2
+    # A row that sees no key: lse = -inf. Adding -inf instead of +inf makes its P row exactly 0.
+    neg_lse2 = torch.where(torch.isposinf(neg_lse2), torch.full_like(neg_lse2, float("-inf")), neg_lse2)  # (BH,L,1)
+
+    dK = torch.zeros(BH, S, D, dtype=work, device=dev)  # (BH,S,D)
+    dV = torch.zeros(BH, S, Dv, dtype=work, device=dev)  # (BH,S,Dv)
+    # One contiguous accumulator per query block, so that baddbmm_ writes one batch of matrices.
+    m_starts = list(range(0, L, block_m))
+    dQ_blocks = [torch.zeros(BH, min(block_m, L - m0), D, dtype=work, device=dev) for m0 in m_starts]  # (BH,bm,D)
+    qk_buf = torch.empty(BH * bm_max * bn_max, dtype=work, device=dev)  # score / P tile
+    dp_buf = torch.empty(BH * bm_max * bn_max, dtype=work, device=dev)  # dP / dS tile
+    hidden = None
+    if key_padding_mask is not None:
+        hidden = (~key_padding_mask).repeat_interleave(H, dim=0)[:, None, :]  # (B,S) -> (BH,1,S), True = absent
+    if causal:  # col - row for every position of a tile: hidden where key index > query index
+        col_minus_row = (torch.arange(bn_max, device=dev)[None, :]
+                         - torch.arange(bm_max, device=dev)[:, None])  # (BLOCK_M,BLOCK_N)
+
+    n_end = min(S, L) if causal else S  # causal: keys after the last query get zero gradients
+    for n0 in range(0, n_end, block_n):
+        n1 = min(n0 + block_n, n_end)
+        bn = n1 - n0
+        K_j, V_j = K[:, n0:n1], V[:, n0:n1]  # (BH,bn,D), (BH,bn,Dv)
+        dK_j = torch.zeros(BH, bn, D, dtype=work, device=dev)  # (BH,bn,D)
+        dV_j = torch.zeros(BH, bn, Dv, dtype=work, device=dev)  # (BH,bn,Dv)
+        first = n0 // block_m if causal else 0  # causal: query blocks ending before key n0 see none of K_j
+        for i in range(first, len(m_starts)):
+            m0 = m_starts[i]
+            m1 = min(m0 + block_m, L)
+            bm = m1 - m0
+            hide = None if hidden is None else hidden[:, :, n0:n1]  # (BH,1,bn)
+            if causal and n1 - 1 > m0:  # some key of the block comes after some query: the diagonal
+                diag = col_minus_row[:bm, :bn] > (m0 - n0)  # (bm,bn), True = key after query
+                hide = diag if hide is None else (hide | diag)  # (BH,bm,bn) or (bm,bn)
+            _attn_bwd_dkdv(Q[:, m0:m1], K_j, V_j, dO[:, m0:m1], neg_lse2[:, m0:m1], neg_delta[:, m0:m1],
+                           dK_j, dV_j, dQ_blocks[i],
+                           qk_buf[: BH * bm * bn].view(BH, bm, bn), dp_buf[: BH * bm * bn].view(BH, bm, bn), hide)
+        dK[:, n0:n1] = dK_j
+        dV[:, n0:n1] = dV_j
+
+    dQ = torch.cat(dQ_blocks, dim=1) if dQ_blocks else torch.zeros(BH, L, D, dtype=work, device=dev)  # (BH,L,D)
+    dq = (dQ * scale).view(B, H, L, D).to(q.dtype)  # (BH,L,D) -> (B,H,L,D)
+    dk = (dK * (1.0 / LOG2E)).view(B, H, S, D).to(k.dtype)  # dS^T (Q·scale·log2e) / log2e, (B,H,S,D)
+    dv = dV.view(B, H, S, Dv).to(v.dtype)  # (BH,S,Dv) -> (B,H,S,Dv)
+    return dq, dk, dv
+
+
+__all__ = ["flash_attention_torch", "flash_attention_backward_torch", "naive_attention", "check_key_padding_mask",
+           "check_scale_not_differentiable", "overflow_error", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N",
+           "DEFAULT_BWD_BLOCK_M", "DEFAULT_BWD_BLOCK_N"]

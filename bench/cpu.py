@@ -3,6 +3,14 @@
     .venv/bin/python bench/cpu.py                 # B=1, H=8, D=64, N in {1k, 4k, 8k, 16k}, causal and not
     .venv/bin/python bench/cpu.py --quick         # N in {512, 1k}: a smoke test in seconds, saves nothing
     .venv/bin/python bench/cpu.py --sizes 1024 4096 8192 --skip-naive-from 16384
+    .venv/bin/python bench/cpu.py --backward      # forward+backward: SDPA vs tiled, N in {1k, 4k, 8k}
+
+With ``--backward`` every case is one forward and one backward (``out.backward(dout)`` with a
+fixed random ``dout``, inputs that require grad): ``torch SDPA`` against
+``attn_lib.flash_attention(..., backend="torch")`` (the tiled forward, then the tiled
+FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_backward_torch``), and
+``naive`` = the naive path's autograd, which stores the (B, H, N, N) matrices. Default
+implementations there: sdpa and tiled; results go to ``bench/results/cpu_backward.json``.
 
 Every (implementation, N, causal) case runs in its own subprocess, so each one starts from the
 same memory state:
@@ -35,6 +43,8 @@ LABELS = {"naive": "朴素注意力 naive", "sdpa": "torch SDPA", "tiled": "attn
 DEFAULT_SIZES = (1024, 4096, 8192, 16384)
 QUICK_SIZES = (512, 1024)
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu.json"
+RESULTS_BACKWARD = Path(__file__).resolve().parent / "results" / "cpu_backward.json"
+BACKWARD_SIZES = (1024, 4096, 8192)
 
 
 def parse_args(argv=None):
@@ -46,7 +56,10 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=3, help="timed calls per case (after one warm-up)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
-    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--impls", nargs="+", choices=IMPLS, default=None,
+                   help="default: all three; with --backward: sdpa and tiled")
+    p.add_argument("--backward", action="store_true",
+                   help="time forward+backward (autograd, inputs require grad) instead of the forward alone")
     p.add_argument("--skip-naive-from", type=int, default=None, metavar="N",
                    help="leave naive attention out for N >= this (it needs 2*B*H*N*N*4 bytes)")
     p.add_argument("--block-m", type=int, default=None, help="BLOCK_M of the tiled path")
@@ -56,7 +69,9 @@ def parse_args(argv=None):
     p.add_argument("--worker", nargs=3, metavar=("IMPL", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.sizes is None:
-        args.sizes = list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+        args.sizes = list(QUICK_SIZES if args.quick else (BACKWARD_SIZES if args.backward else DEFAULT_SIZES))
+    if args.impls is None:
+        args.impls = ["sdpa", "tiled"] if args.backward else list(IMPLS)
     return args
 
 
@@ -114,6 +129,23 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return attn_lib.flash_attention_torch(q, k, v, causal=causal, block_m=args.block_m, block_n=args.block_n)[0]
 
+    if args.backward:
+        forward = call
+
+        def call(q, k, v):  # noqa: F811  forward + backward through autograd
+            for t in (q, k, v):
+                t.grad = None
+            out = (attn_lib.flash_attention(q, k, v, causal=causal, backend="torch") if impl == "tiled"
+                   else forward(q, k, v))  # (B,H,N,D)
+            out.backward(dout[..., : out.shape[2], :])
+            return out
+
+        dout = torch.randn((args.batch, args.heads, N, args.head_dim), generator=gen)  # (B,H,N,D), fixed
+        make_plain = make
+
+        def make(n):  # noqa: F811
+            return [t.requires_grad_() for t in make_plain(n)]
+
     call(*make(64))  # load kernels and start threads before the memory baseline
     q, k, v = make(N)  # float32 inputs
     fn = lambda: call(q, k, v)  # noqa: E731
@@ -124,7 +156,8 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return {"impl": impl, "N": N, "causal": causal, "time_s": min(times), "times_s": times,
+    return {"impl": impl, "N": N, "causal": causal, "backward": bool(args.backward),
+            "time_s": min(times), "times_s": times,
             "peak_extra_mib": peak_rss_mib() - before, "threads": torch.get_num_threads()}
 
 
@@ -134,6 +167,8 @@ def spawn(impl: str, N: int, causal: bool, args) -> dict:
     for flag, value in (("--threads", args.threads), ("--block-m", args.block_m), ("--block-n", args.block_n)):
         if value:
             cmd += [flag, str(value)]
+    if args.backward:
+        cmd.append("--backward")
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         reason = "killed (out of memory?)" if res.returncode < 0 else res.stderr.strip().splitlines()[-1:]
@@ -147,6 +182,8 @@ def format_table(results: list, machine_info: dict | None = None) -> str:
     if machine_info:
         lines.append(f"# {machine_info['cpu']}, {machine_info['torch_threads']} threads, "
                      f"torch {machine_info['torch']}, {machine_info['date']}")
+    if any(r.get("backward") for r in results):
+        lines.append("# forward + backward (autograd), B=1, fp32")
     head = f"{'N':>6} {'causal':>6} {'impl':>6} {'time ms':>10} {'x SDPA':>7} {'peak extra MiB':>15}"
     lines += [head, "-" * len(head)]
     groups = {}
@@ -187,12 +224,13 @@ def main(argv=None) -> int:
                 print(f"  done: {impl:>5} N={N:>5} causal={causal!s:>5} "
                       + (f"{r['time_s'] * 1e3:9.1f} ms" if "time_s" in r else r["error"]), flush=True)
     print(format_table(results, info))
-    out = args.out or (None if (args.quick or args.no_save) else RESULTS)
+    out = args.out or (None if (args.quick or args.no_save) else (RESULTS_BACKWARD if args.backward else RESULTS))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "machine": info,
             "config": {"B": args.batch, "H": args.heads, "D": args.head_dim, "dtype": "float32", "reps": args.reps,
+                       "backward": bool(args.backward),
                        "block_m": args.block_m, "block_n": args.block_n,
                        "time": "min over reps after one warm-up, seconds",
                        "memory": "peak RSS after the calls minus peak RSS before them (MiB), one process per case"},
