@@ -119,16 +119,19 @@ def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     shown = _run([str(python), "-m", "pip", "show", "attn-lib"], cwd=colab_env["tmp"]).stdout
     assert "Name: attn-lib" in shown and "Editable project location" not in shown
     # The package data a chapter reads (chapter 08's benchmark table) came with the install.
-    data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench; print(len(load_cpu_bench()['results']))"],
+    data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench, load_cpu_backward_bench; "
+                 "print(len(load_cpu_bench()['results']), len(load_cpu_backward_bench()['results']))"],
                 cwd=colab_env["tmp"], env=colab_env["env"]).stdout
-    assert int(data) > 0
+    assert all(int(n) > 0 for n in data.split())
 
 
-def test_packaged_benchmark_table_matches_the_measured_one():
-    shipped = json.loads((ROOT / "attn_lib" / "data" / "cpu_bench.json").read_text(encoding="utf-8"))
-    measured = json.loads((ROOT / "bench" / "results" / "cpu.json").read_text(encoding="utf-8"))
-    assert shipped == measured, ("attn_lib/data/cpu_bench.json differs from bench/results/cpu.json: "
-                                 "cp bench/results/cpu.json attn_lib/data/cpu_bench.json")
+@pytest.mark.parametrize("shipped_name, measured_name", [("cpu_bench.json", "cpu.json"),
+                                                         ("cpu_backward_bench.json", "cpu_backward.json")])
+def test_packaged_benchmark_table_matches_the_measured_one(shipped_name, measured_name):
+    shipped = json.loads((ROOT / "attn_lib" / "data" / shipped_name).read_text(encoding="utf-8"))
+    measured = json.loads((ROOT / "bench" / "results" / measured_name).read_text(encoding="utf-8"))
+    assert shipped == measured, (f"attn_lib/data/{shipped_name} differs from bench/results/{measured_name}: "
+                                 f"cp bench/results/{measured_name} attn_lib/data/{shipped_name}")
 
 
 def _execute(chapter: Path, colab_env) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
