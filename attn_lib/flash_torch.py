@@ -23,9 +23,7 @@ CPU speed comes from doing every (B·H) head of a query block at once: the tile 
 buffers and the softmax steps run in place, so Python iterates only
 ceil(L/BLOCK_M)·ceil(S/BLOCK_N) times. With ``causal=True`` key blocks after the query block
 are skipped, and within a block only the queries that can see the key block are computed.
-Extra memory is the tile plus O(L·D) statistics: linear in the sequence length. On CPU the
-B·H heads are shared out among ``torch.get_num_threads()`` worker threads, each running the
-loop on its heads with one intra-op thread (no barrier after every small torch call).
+Extra memory is the tile plus O(L·D) statistics: linear in the sequence length.
 
 The backward (``flash_attention_backward_torch``) is FlashAttention-2's, named as in the paper
 and the tutorial: ``_attn_bwd_preprocess`` computes D_i = rowsum(dO_i ∘ O_i), then for each key
@@ -118,49 +116,6 @@ def overflow_error(dtype) -> ValueError:
     )
 
 
-def _head_workers(q) -> int:
-    """CPU 上把 B·H 个头分给几个线程（1 = 不分，在当前线程里算）。
-
-    Each tile step is a handful of torch calls; with torch's intra-op threads every call is
-    a parallel region that waits for its slowest thread, and on a busy machine (another
-    process holding a core) that wait dominates. Giving each worker thread whole heads, with
-    one intra-op thread each, has no such barrier. Not used on GPUs, with one thread, with a
-    single head, or while a ``TorchDispatchMode`` is active (such a mode, e.g.
-    ``io_model.largest_tensor``, sees only the ops of its own thread).
-    """
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    if q.device.type != "cpu" or _get_current_dispatch_mode() is not None:
-        return 1
-    B, H = q.shape[0], q.shape[1]
-    return max(1, min(torch.get_num_threads(), H if H > 1 else B))
-
-
-def _split_heads(fn, workers: int, tensors, key_padding_mask, kwargs):
-    """把 (B, H, ...) 的输入按头（H = 1 时按 batch）切成 workers 份，各在一个线程里算，再拼回来。"""
-    from concurrent.futures import ThreadPoolExecutor
-
-    B, H = tensors[0].shape[0], tensors[0].shape[1]
-    axis = 1 if H > 1 else 0  # split the heads; a single head: split the batch (and the padding mask)
-    parts = [r.tolist() for r in torch.arange(tensors[0].shape[axis]).tensor_split(workers)]
-
-    def job(idx):
-        sl = slice(idx[0], idx[-1] + 1)
-        chunk = [t[:, sl] if axis == 1 else t[sl] for t in tensors]  # (B,h,...) or (b,H,...)
-        kpm = key_padding_mask if (key_padding_mask is None or axis == 1) else key_padding_mask[sl]  # (B,S) or (b,S)
-        with torch.no_grad():  # grad mode is per thread; these are forward/backward kernels, never recorded
-            return fn(*chunk, kpm, **kwargs)
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one intra-op thread per worker, restored below
-    try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(job, [p for p in parts if p]))
-    finally:
-        torch.set_num_threads(threads)
-    return tuple(torch.cat(pieces, dim=axis) for pieces in zip(*results))  # e.g. (B,h,L,Dv)* -> (B,H,L,Dv)
-
-
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -246,10 +201,6 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
     block_n = DEFAULT_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
     check_bool("causal", causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    workers = _head_workers(q) if counter is None else 1
-    if workers > 1:
-        return _split_heads(_forward_tiles, workers, (q, k, v), key_padding_mask,
-                            dict(causal=causal, scale=scale, block_m=block_m, block_n=block_n, counter=None))
     return _forward_tiles(q, k, v, key_padding_mask, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
                           counter=counter)
 
@@ -412,8 +363,7 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
     blocks entirely before a key block are skipped. A query that sees no key (``lse = -inf``)
     gets zero gradients. Any device; float64 stays float64 (``torch.autograd.gradcheck``
     runs on it), other dtypes are computed in float32. Extra memory: two (B·H, BLOCK_M,
-    BLOCK_N) tiles and O((L + S)·D) accumulators. On CPU the heads are shared out among
-    ``torch.get_num_threads()`` worker threads (see ``_head_workers``), as in the forward.
+    BLOCK_N) tiles and O((L + S)·D) accumulators.
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), the forward's inputs.
@@ -436,10 +386,6 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
     block_m = DEFAULT_BWD_BLOCK_M if block_m is None else check_positive_int("block_m", block_m)
     block_n = DEFAULT_BWD_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    workers = _head_workers(q)
-    if workers > 1:
-        return _split_heads(_backward_tiles, workers, (q, k, v, out, lse, dout), key_padding_mask,
-                            dict(causal=causal, scale=scale, block_m=block_m, block_n=block_n))
     return _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=causal, scale=scale,
                            block_m=block_m, block_n=block_n)
 

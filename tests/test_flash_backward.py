@@ -317,9 +317,9 @@ def test_fully_masked_rows_are_not_an_overflow():
         assert torch.all(fn() == 0)
 
 
-@pytest.mark.parametrize("B,H", [(1, 3), (3, 1)], ids=["split_heads", "split_batch"])
-def test_worker_threads_give_the_same_numbers_as_one_thread(B, H):
-    """On CPU the heads (or, with one head, the sequences) are shared out among worker threads."""
+@pytest.mark.parametrize("B,H", [(1, 3), (3, 1)], ids=["heads", "batch"])
+def test_one_and_three_intra_op_threads_give_the_same_numbers(B, H):
+    """The tiled forward and backward agree with 1 and 3 torch threads (and with the reference)."""
     q, k, v, kpm = make_inputs(B, H, 45, 38, 8, 6, padding=True, seed=10)
     dout = torch.randn(B, H, 45, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     results = {}
@@ -331,13 +331,12 @@ def test_worker_threads_give_the_same_numbers_as_one_thread(B, H):
             grads = flash_attention_backward_torch(q, k, v, out, lse, dout, causal=True, key_padding_mask=kpm,
                                                    block_m=16, block_n=8)
             results[n] = (out, lse, *grads)
-            assert torch.get_num_threads() == n  # restored after the workers ran
     finally:
         torch.set_num_threads(threads)
     for a, b in zip(results[1], results[3]):  # equal up to rounding (a batched product may sum in another order)
         assert torch.equal(torch.isneginf(a), torch.isneginf(b))
         fin = torch.isfinite(a)
-        assert_close(a[fin], b[fin], what="3 worker threads vs 1")
+        assert_close(a[fin], b[fin], what="3 threads vs 1")
     expected = reference_grads(q, k, v, kpm, True, dout)
     for g, e in zip(results[3][2:], expected):
         assert_close(g, e)
