@@ -1,4 +1,4 @@
-"""设备选择只在这一处:有 GPU 用 GPU,没有就用 CPU;导入本模块不会触碰 CUDA。
+"""第 8、11 章(设备):设备选择只在这一处:有 GPU 用 GPU,没有就用 CPU;导入本模块不会触碰 CUDA。
 
 Set ``ATTN_LIB_DEVICE=cpu`` (or ``cuda``, ``cuda:1``) to override the choice everywhere.
 """
@@ -44,12 +44,3 @@ def default_device():
     """全书默认设备:等同于 ``try_gpu()``。"""
     return try_gpu()
 
-
-def describe_device(device=None) -> str:
-    """用一行中文描述设备(用于未检查的单元格;打印结果因机器而异)。"""
-    import torch
-
-    device = torch.device(device) if device is not None else default_device()
-    if device.type == "cuda":
-        return f"GPU: {torch.cuda.get_device_name(device)}"
-    return f"CPU(torch {torch.__version__},{torch.get_num_threads()} 个线程)"
