@@ -253,7 +253,7 @@ def check_divisible(d_model: int, num_heads: int) -> int:
 
 def check_bool(name: str, value: Any) -> bool:
     """检查开关参数必须是 True 或 False(不把 "no"、1 之类当真),返回它(numpy 的 np.bool_ 也收,返回 bool)。"""
-    if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
         return bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
