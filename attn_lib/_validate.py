@@ -277,7 +277,12 @@ def overflow_error(dtype: Any) -> ValueError:
 
 
 def all_finite(t: Any) -> bool:
-    """张量里是否没有 nan / inf:先做一次 float64 求和(任何 nan/inf 都会让和不有限),只有和溢出时才逐元素检查。"""
+    """张量里是否没有 nan / inf:先求一次和(任何 nan/inf 都会让和不有限),只有和本身溢出时才逐元素检查。
+
+    One reduction in the tensor's own precision (float32 for float16 / bfloat16), one host
+    sync on CUDA; the elementwise scan runs only when the sum is not finite.
+    """
     import torch
 
-    return bool(torch.isfinite(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())
+    acc = torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None
+    return bool(torch.isfinite(t.sum(dtype=acc))) or bool(torch.isfinite(t).all())

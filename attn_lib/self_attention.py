@@ -74,8 +74,8 @@ def layer_mask(mask, B: int, H: int, L: int, S: int, device, *, check_finite: bo
         check_finite: also look for nan / +inf in a float mask.
 
     Returns:
-        None, or the mask with at most 4 axes that broadcasts to (B, H, L, S) with the
-        meaning above ((B, L, S) -> (B, 1, L, S)).
+        None, or the mask as a 4-D tensor that broadcasts to (B, H, L, S) with the meaning
+        above ((B, L, S) -> (B, 1, L, S), (L, S) -> (1, 1, L, S), (S,) -> (1, 1, 1, S)).
     """
     if mask is None:
         return None
@@ -91,14 +91,14 @@ def layer_mask(mask, B: int, H: int, L: int, S: int, device, *, check_finite: bo
                 ) from None
         mask = mask.unsqueeze(1)  # (B,L,S) -> (B,1,L,S): the same for every head
     check_mask(mask, (B, H, L, S), device, check_finite=check_finite)
-    return mask
+    return mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # -> 4-D, e.g. (L,S) -> (1,1,L,S)
 
 
 def _key_padding(mask, B: int, S: int):
     """A layer mask as flash_attention's key_padding_mask (B, S), or a clear refusal."""
     if mask is None:
         return None
-    m4 = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # -> 4-D, broadcastable to (B,H,L,S)
+    m4 = mask  # 4-D from layer_mask, broadcastable to (B,H,L,S)
     if mask.dtype != torch.bool or m4.shape[1] != 1 or m4.shape[2] != 1:
         raise ValueError(
             f"backend='flash' takes only a key padding mask: bool, (B, 1, 1, S) or (B, 1, S) "
@@ -140,7 +140,9 @@ def attend(q, k, v, mask, *, is_causal: bool, need_weights: bool, backend: str, 
             torch.isneginf(attn_mask).all(-1, keepdim=True)  # (..,L or 1,1)
         if bool(dead.any()):
             out = out.masked_fill(dead, 0.0)  # (B,H,L,Dv)
-    if check_finite and out.numel() and not all_finite(out):
+    # An overflowing score makes its whole softmax row nan, and so every entry of that output
+    # row: one entry per row tells (a strided read, not a scan of the output).
+    if check_finite and out.numel() and bool(torch.isnan(out[..., 0]).any()):
         _attention_core(q, k, v, mask, is_causal, scale)  # raises the overflow error if that is the cause
         raise overflow_error(q.dtype)
     return out, None

@@ -73,10 +73,11 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """数值稳定的 softmax:先减去每行最大值再取指数;全是 -inf 的行返回全 0。
 
     The subtraction of the row maximum is what ``torch.softmax`` does inside its fused
-    kernel, so this function calls it and adds the library's two conventions on top: it
-    checks the row maxima (a ``nan`` or ``+inf`` entry makes its row's maximum ``nan`` or
-    ``+inf``, so one reduction checks the whole tensor) and it returns zeros, not ``nan``,
-    for rows that are entirely ``-inf``. Differentiable (autograd), also through such rows.
+    kernel, so this function calls it and adds the library's two conventions on top. A row
+    that holds ``nan`` or ``+inf``, or only ``-inf``, comes out of that kernel as ``nan`` in
+    *every* entry (its sum is ``nan``), so looking at one entry per row finds them all; only
+    then is the input examined: ``nan`` / ``+inf`` raise, all ``-inf`` rows become zeros.
+    Differentiable (autograd), also through all ``-inf`` rows.
 
     Args:
         x: float tensor of any shape; ``-inf`` allowed, ``nan`` / ``+inf`` rejected.
@@ -92,9 +93,13 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.clone()
-    m = x.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...); nan / +inf propagate into m
-    check_row_max(x, m)
-    return softmax_with_max(x, m, dim)
+    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
+    out = torch.softmax(x, dim, dtype=work)  # (...,S,...); a bad or all -inf row is nan throughout
+    if bool(torch.isnan(out.select(dim, 0)).any()):  # one entry per row: (...,S,...) -> (...,...)
+        m = x.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...); nan / +inf propagate into m
+        check_row_max(x, m)
+        return softmax_with_max(x, m, dim)
+    return out.to(x.dtype)
 
 
 def check_row_max(x: torch.Tensor, m: torch.Tensor, name: str = "x") -> None:
