@@ -182,7 +182,7 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"is_causal={self.is_causal}, backend={self.backend!r}")
+                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
 
 
 class LoopedMultiHeadAttention(nn.Module):
@@ -268,7 +268,7 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"is_causal={self.is_causal}, backend={self.backend!r}")
+                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -233,8 +233,8 @@ class SelfAttention(nn.Module):
         return (out, scores.squeeze(1)) if need_weights else out  # scores (B,1,L,L) -> (B,L,L)
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}, is_causal={self.is_causal}, "
-                f"backend={self.backend!r}")
+        return (f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}, is_causal={self.is_causal}"
+                + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
 
 
 def check_need_weights(need_weights, backend: str) -> None:
