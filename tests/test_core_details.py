@@ -53,3 +53,14 @@ def test_online_softmax_update_one_step_by_hand():
     expected = 2.0 * torch.exp(torch.tensor(1.0 - 3.0)) + 1.0 + torch.exp(torch.tensor(-3.0))
     assert_close(l_new[0], expected, dtype="float32")
     assert l_new[1] == 0
+
+
+# --- the layers' printed form (what chapter 05 and 07 print) -----------------------------------
+def test_layer_repr_names_sizes_and_a_non_default_backend():
+    mha = repr(attn_lib.MultiHeadAttention(8, 2, is_causal=True))
+    assert "d_model=8, num_heads=2, head_dim=4, is_causal=True\n" in mha and "backend" not in mha
+    looped = repr(attn_lib.LoopedMultiHeadAttention(8, 4, backend="flash"))
+    assert "d_model=8, num_heads=4, head_dim=2, is_causal=False, backend='flash'\n" in looped
+    single = repr(attn_lib.SelfAttention(6, 4, 2, backend="flash"))
+    assert "d_model=6, d_k=4, d_v=2, is_causal=False, backend='flash'\n" in single
+    assert "backend" not in repr(attn_lib.SelfAttention(6))
