@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import attn_lib
+import attn_lib.flash as flash_module
 from attn_lib.tolerances import assert_close
 
 
@@ -64,3 +65,113 @@ def test_layer_repr_names_sizes_and_a_non_default_backend():
     single = repr(attn_lib.SelfAttention(6, 4, 2, backend="flash"))
     assert "d_model=6, d_k=4, d_v=2, is_causal=False, backend='flash'\n" in single
     assert "backend" not in repr(attn_lib.SelfAttention(6))
+
+
+# --- masks: messages, dtypes and devices -------------------------------------------------------
+META = torch.device("meta")  # a device other than the CPU that every machine has
+
+
+@pytest.mark.parametrize("call,exc,pattern", [
+    (lambda: attn_lib.padding_mask(torch.tensor([1.0, 2.0])), TypeError,
+     r"^lengths must be a 1-D integer tensor or a list of ints, got dtype torch.float32; convert with lengths.long\(\)$"),
+    (lambda: attn_lib.padding_mask(torch.tensor([True])), TypeError, r"got dtype torch.bool; convert with lengths.long"),
+    (lambda: attn_lib.padding_mask(torch.ones(2, 2, dtype=torch.long)), ValueError,
+     r"^lengths must be a 1-D integer tensor or a list of ints, got dtype torch.int64 and shape \(2, 2\)$"),
+    (lambda: attn_lib.padding_mask("ab"), TypeError, r"^lengths must be a sequence of B ints \(one per sentence\), got 'ab'"),
+    (lambda: attn_lib.padding_mask([]), ValueError, r"^lengths is empty: need one length per sentence in the batch$"),
+    (lambda: attn_lib.padding_mask([1], 0), ValueError, r"^S must be a positive int, got 0$"),
+    (lambda: attn_lib.bool_to_additive([True]), TypeError, r"^mask must be a bool tensor \(True = may attend\), got list$"),
+    (lambda: attn_lib.additive_to_bool([0.0]), TypeError, r"^mask must be a floating tensor of 0 and -inf, got list$"),
+    (lambda: attn_lib.additive_to_bool(torch.tensor([0.5])), ValueError,
+     r"such a bias cannot be expressed as a bool mask, pass the float mask to attention as it is$"),
+])
+def test_mask_messages(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_masks_stay_on_the_requested_device():
+    assert attn_lib.padding_mask([2, 1], 3, device=META).device == META
+    assert attn_lib.padding_mask(torch.tensor([2, 1]), device=META).device == META
+    assert attn_lib.bool_to_additive(torch.ones(2, 3, dtype=torch.bool, device=META)).device == META
+    assert attn_lib.causal_mask(3, device=META).device == META
+
+
+# --- multi-head: which projection path, and the looped layer's settings --------------------------
+def _fused(**kw):
+    layer = attn_lib.MultiHeadAttention(8, 2, **kw).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(_x(*p.shape, seed=p.numel()) / 3)
+    return layer
+
+
+def _ref_mha(layer, xq, xk, xv):
+    C, H = layer.d_model, layer.num_heads
+    w_q, w_k, w_v = layer.qkv.weight.split(C)
+    b_q, b_k, b_v = layer.qkv.bias.split(C)
+
+    def heads(y):  # (B,L,C) -> (B,H,L,D)
+        return y.reshape(y.shape[0], y.shape[1], H, C // H).transpose(1, 2)
+
+    out = torch.nn.functional.scaled_dot_product_attention(heads(xq @ w_q.T + b_q), heads(xk @ w_k.T + b_k),
+                                                           heads(xv @ w_v.T + b_v))
+    return layer.out_proj(out.transpose(1, 2).reshape(xq.shape))
+
+
+@pytest.mark.parametrize("Layer", ["fused", "looped"])
+@pytest.mark.parametrize("which", ["kv_is_query", "k_is_query", "v_is_query", "all_differ", "self"])
+def test_every_combination_of_query_key_value(Layer, which):
+    fused = _fused()
+    layer = fused if Layer == "fused" else attn_lib.LoopedMultiHeadAttention.from_fused(fused)
+    x, y, z = _x(2, 4, 8, seed=1), _x(2, 4, 8, seed=2), _x(2, 4, 8, seed=3)
+    xq, xk, xv = {"kv_is_query": (x, x, x), "k_is_query": (x, x, y), "v_is_query": (x, y, x),
+                  "all_differ": (x, y, z), "self": (x, None, None)}[which]
+    with torch.no_grad():
+        out = layer(xq, xk, xv)
+        expected = _ref_mha(fused, xq, xq if xk is None else xk, (xq if xk is None else xk) if xv is None else xv)
+    assert_close(out, expected, dtype="float64", what=f"{Layer} {which}")
+
+
+def test_self_attention_projects_with_one_matmul(monkeypatch):
+    layer = _fused()
+    calls = []
+    real = layer.qkv.forward
+    monkeypatch.setattr(layer.qkv, "forward", lambda x: calls.append(x.shape) or real(x))
+    layer(_x(2, 4, 8))
+    assert calls == [(2, 4, 8)], "self-attention: the fused (3C, C) projection runs once"
+
+
+def test_looped_layer_settings_default_and_copy():
+    looped = attn_lib.LoopedMultiHeadAttention(8, 2)
+    assert looped.check_finite is True and looped.backend == "reference"
+    fused = _fused(backend="flash", check_finite=False, is_causal=True)
+    copy = attn_lib.LoopedMultiHeadAttention.from_fused(fused)
+    assert (copy.backend, copy.check_finite, copy.is_causal) == ("flash", False, True)
+
+
+def test_looped_layer_honours_check_finite_and_backend(monkeypatch):
+    bad = _x(1, 3, 8)
+    bad[0, 0, 0] = float("nan")
+    nan_mask = torch.zeros(3, 3, dtype=torch.float64)
+    nan_mask[0, 0] = float("nan")
+    strict = attn_lib.LoopedMultiHeadAttention.from_fused(_fused())
+    with pytest.raises(ValueError, match="query contains nan or inf"):
+        strict(bad)
+    with pytest.raises(ValueError, match="additive float mask may contain -inf"):
+        strict(_x(1, 3, 8), mask=nan_mask)
+    with pytest.raises(ValueError, match=r"mask has 3 heads on axis 1, expected 1 or 2"):
+        strict(_x(1, 3, 8), mask=torch.ones(1, 3, 4, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        huge = torch.full((1, 3, 8), 1e200, dtype=torch.float64)
+        strict(huge * torch.arange(1, 9, dtype=torch.float64))
+    lax = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(check_finite=False))
+    assert torch.isnan(lax(bad, mask=nan_mask)).any()  # the caller turned the checks off: no error
+    flash = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(backend="flash"))
+    with pytest.raises(ValueError, match="need_weights=True needs the attention scores"):
+        flash(_x(1, 3, 8), need_weights=True)
+    calls = []
+    real = flash_module.flash_attention
+    monkeypatch.setattr(flash_module, "flash_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    flash(_x(1, 3, 8))
+    assert len(calls) == 2, "backend='flash': every head goes through attn_lib.flash_attention"
