@@ -120,7 +120,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     work = np.float32 if q.dtype == np.float16 else q.dtype
     qw, kw, vw = q.astype(work), k.astype(work), v.astype(work)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below, once
-        logits = (qw @ np.swapaxes(kw, -2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+        raw = logits = (qw @ np.swapaxes(kw, -2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
     if mask is not None:
         mask = np.asarray(mask)
         check_mask_shape(mask, (B, H, L, S))
@@ -142,6 +142,14 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
             m = logits.max(axis=-1)  # (B,H,L); nan propagates, -inf: the row sees no key
         if np.isnan(m).any() or np.isposinf(m).any():
             raise overflow_error(logits.dtype)
+        if np.isneginf(m).any() and np.isinf(raw).any():  # no visible key (fine), or overflow to -inf
+            visible = np.ones(logits.shape, dtype=bool)  # (B,H,L,S): what the mask and causal rule let through
+            if mask is not None:
+                visible &= np.broadcast_to(mask if mask.dtype == bool else np.isfinite(mask), logits.shape)
+            if is_causal:
+                visible &= causal_mask(L, S)
+            if (np.isinf(raw) & visible).any():
+                raise overflow_error(logits.dtype)
     scores = softmax(logits, dim=-1)  # (B,H,L,S)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.astype(q.dtype), scores.astype(q.dtype)

@@ -124,25 +124,38 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=T
     return _attention_core(q, k, v, mask, is_causal, scale, check_overflow=check_finite)
 
 
+def _masked(logits, mask, is_causal: bool):
+    """Hide what the mask and the causal rule hide: -inf there (bool mask) or + the additive mask."""
+    L, S = logits.shape[-2], logits.shape[-1]
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            logits = logits.masked_fill(~mask, float("-inf"))  # (B,H,L,S), hidden -> -inf
+        else:
+            logits = logits + mask.to(logits.dtype)  # (B,H,L,S) + broadcast(mask) -> (B,H,L,S)
+    if is_causal:
+        logits = logits.masked_fill(~causal_mask(L, S, device=logits.device), float("-inf"))  # (B,H,L,S)
+    return logits
+
+
 def _attention_core(q, k, v, mask, is_causal: bool, scale: float, *, check_overflow: bool = True):
     """attention 的无检查内核:输入已检查过(形状、精度、掩码),scale 已是 float。返回 (输出, 分数)。"""
     L, S = q.shape[-2], k.shape[-2]
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     qw, kw, vw = q.to(work), k.to(work), v.to(work)
-    logits = (qw @ kw.transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            logits = logits.masked_fill(~mask, float("-inf"))  # (B,H,L,S), hidden -> -inf
-        else:
-            logits = logits + mask.to(work)  # (B,H,L,S) + broadcast(mask) -> (B,H,L,S)
-    if is_causal:
-        logits = logits.masked_fill(~causal_mask(L, S, device=q.device), float("-inf"))  # (B,H,L,S)
+    raw = (qw @ kw.transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    logits = _masked(raw, mask, is_causal)  # (B,H,L,S), hidden -> -inf
     if S:
         m = logits.amax(-1, keepdim=True)  # (B,H,L,S) -> (B,H,L,1); -inf: the row sees no key
     else:  # no keys at all: every row sees nothing
         m = logits.new_full((*logits.shape[:-1], 1), float("-inf"))  # (B,H,L,1)
-    if check_overflow and m.numel() and not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
-        raise overflow_error(work)  # +inf (or inf - inf = nan) in a row that sees a key
+    if check_overflow and m.numel():
+        if not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
+            raise overflow_error(work)  # +inf (or inf - inf = nan) in a row that sees a key
+        if bool(torch.isneginf(m).any()) and bool(torch.isinf(raw).any()):
+            # a row max of -inf: the row sees no key (fine) or its visible scores overflowed to -inf
+            visible = torch.isfinite(_masked(torch.zeros_like(raw), mask, is_causal))  # (B,H,L,S)
+            if bool((torch.isinf(raw) & visible).any()):
+                raise overflow_error(work)
     scores = softmax_with_max(logits, m, logits.ndim - 1)  # (B,H,L,S), rows sum to 1 (or 0 if fully hidden)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.to(q.dtype), scores.to(q.dtype)

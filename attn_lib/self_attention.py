@@ -108,14 +108,22 @@ def _key_padding(mask, B: int, S: int):
     return m4[:, 0, 0, :].expand(B, S)  # (B or 1,S) -> (B,S)
 
 
+def _may_overflow(q, k, scale: float) -> bool:
+    """Whether some scale·q·k could leave the working dtype's range: |q·k| <= D·max|q|·max|k|."""
+    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+    q_max, k_max = torch.stack([q.abs().amax(), k.abs().amax()]).double().tolist()  # one host sync
+    return scale * q.shape[-1] * q_max * k_max >= torch.finfo(work).max
+
+
 def attend(q, k, v, mask, *, is_causal: bool, need_weights: bool, backend: str, check_finite: bool):
     """层内部用的注意力(输入已检查过):返回 (输出 (B,H,L,Dv), 分数 (B,H,L,S) 或 None)。
 
     - ``need_weights=True``: ``attn_lib.reference``'s core, which also returns the scores;
     - ``need_weights=False``, backend "reference": torch's fused
       ``scaled_dot_product_attention`` with the library's conventions (mask and is_causal
-      combined, rows that see no key give zeros, overflow raises), tested against the
-      reference; it never stores the (L, S) scores;
+      combined, rows that see no key give zeros), tested against the reference; it never
+      stores the (L, S) scores. When ``D·max|q|·max|k|·scale`` could leave the dtype's range
+      the reference core runs instead, so overflow raises exactly as in ``attention``;
     - backend "flash": ``attn_lib.flash_attention`` (key padding masks only).
     """
     B, H, L, D = q.shape
@@ -125,7 +133,7 @@ def attend(q, k, v, mask, *, is_causal: bool, need_weights: bool, backend: str, 
 
         return flash_attention(q, k, v, causal=is_causal, key_padding_mask=_key_padding(mask, B, S)), None
     scale = 1.0 / math.sqrt(D)
-    if need_weights or L == 0 or S == 0:
+    if need_weights or L == 0 or S == 0 or (check_finite and _may_overflow(q, k, scale)):
         return _attention_core(q, k, v, mask, is_causal, scale, check_overflow=check_finite)
     attn_mask = mask
     if attn_mask is not None and attn_mask.is_floating_point():

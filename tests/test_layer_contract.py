@@ -335,3 +335,19 @@ def test_softmax_gradient_through_fully_masked_rows_is_finite():
     out, _ = attn_lib.attention(q, q, q, mask=mask)
     (gq,) = torch.autograd.grad(out.sum(), q)
     assert torch.isfinite(gq).all()
+
+
+def test_overflow_to_minus_inf_is_an_overflow_too():
+    """Scores that overflow downwards make a row look fully masked; it still has visible keys: an error."""
+    q = torch.full((1, 1, 3, 4), 1e20)
+    k = -q  # q·k = -4e40 < -3.4e38
+    v = torch.ones(1, 1, 3, 4)
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        attn_lib.attention(q, k, v)
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        numpy_ref.attention(q.numpy(), k.numpy(), v.numpy())
+    layer = MultiHeadAttention(4, 1, bias=False)
+    with torch.no_grad():
+        layer.qkv.weight.copy_(torch.cat([torch.eye(4), -torch.eye(4), torch.eye(4)]))
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        layer(torch.full((1, 3, 4), 1e20))  # need_weights=False: the fused path must not return zeros
