@@ -176,3 +176,84 @@ def test_looped_layer_honours_check_finite_and_backend(monkeypatch):
     with torch.no_grad():
         flash(_x(1, 3, 8))
     assert len(calls) == 2, "backend='flash': every head goes through attn_lib.flash_attention"
+
+
+# --- reference: which argument, which device, the checks check_finite turns off ---------------
+QQ = _x(1, 1, 3, 4)
+
+
+@pytest.mark.parametrize("call,exc,pattern", [
+    (lambda: attn_lib.attention(QQ, [0.0], QQ), TypeError, r"^k must be a torch.Tensor, got list"),
+    (lambda: attn_lib.attention(QQ, QQ, [0.0]), TypeError, r"^v must be a torch.Tensor, got list"),
+    (lambda: attn_lib.attention(QQ.numpy(), QQ, QQ), TypeError,
+     r"^q must be a torch.Tensor, got ndarray; for numpy arrays use attn_lib.numpy_ref.attention$"),
+    (lambda: attn_lib.attention(QQ, QQ.to(META), QQ), ValueError, r"^q, k and v must be on one device, got cpu, meta, cpu$"),
+    (lambda: attn_lib.attention(QQ, QQ, QQ, mask=torch.ones(3, 3, dtype=torch.bool, device=META)), ValueError,
+     r"^mask is on meta but q is on cpu$"),
+    (lambda: attn_lib.attention(QQ * float("nan"), QQ, QQ), ValueError,
+     r"^q contains nan or inf; attention would turn it into nan. Check the layer that produced it \(masks belong in `mask`, not in q/k/v\).$"),
+    (lambda: attn_lib.softmax(torch.tensor([float("nan")])), ValueError, r"Only -inf is allowed \(it means 'masked'\).$"),
+    (lambda: attn_lib.online_softmax(torch.tensor(1.0), 1), ValueError,
+     r"^x must have at least one axis \(the row to normalise is the last one\)$"),
+    (lambda: attn_lib.online_softmax(torch.zeros(5), [2, 0, 3]), ValueError, r"^splits\[1\] must be a positive int, got 0$"),
+    (lambda: attn_lib.online_weighted_sum(torch.zeros(3), [[0.0]], 2), TypeError, r"^v must be a torch.Tensor, got list"),
+    (lambda: attn_lib.online_weighted_sum(torch.zeros(2, 4, 3), torch.zeros(5, 3, 2), 2), ValueError,
+     r"^v's leading axes \(5,\) do not broadcast with x's \(2, 4\) "),
+    (lambda: attn_lib.online_weighted_sum(torch.zeros(3), torch.full((3, 2), float("inf")), 2), ValueError,
+     r"^v contains nan or inf; the weighted sum would be nan. Check what produced it.$"),
+])
+def test_core_messages(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_check_finite_false_skips_the_mask_scan_too():
+    nan_mask = torch.zeros(3, 3, dtype=torch.float64)
+    nan_mask[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="additive float mask"):
+        attn_lib.attention(QQ, QQ, QQ, mask=nan_mask)
+    out, _ = attn_lib.attention(QQ, QQ, QQ, mask=nan_mask, check_finite=False)
+    assert torch.isnan(out[0, 0, 1]).all() and not torch.isnan(out[0, 0, 0]).any()
+
+
+def test_empty_float_mask_and_no_keys():
+    q, k, v = _x(1, 1, 2, 4), _x(1, 1, 0, 4), _x(1, 1, 0, 3)
+    out, scores = attn_lib.attention(q, k, v, mask=torch.zeros(2, 0, dtype=torch.float64))
+    assert out.shape == (1, 1, 2, 3) and (out == 0).all() and scores.shape == (1, 1, 2, 0)
+
+
+# --- softmax: a single score, and the float32 work precision of 16-bit input ------------------
+def test_softmax_of_a_single_score():
+    one = attn_lib.softmax(torch.tensor(2.5))
+    assert one.shape == () and one.item() == 1.0
+    assert attn_lib.softmax(torch.tensor(float("-inf"))).item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_softmax_is_computed_in_float32(dtype):
+    x = (_x(4, 300) * 4).to(dtype)
+    expected = torch.softmax(x.float(), -1).to(dtype)
+    assert torch.equal(attn_lib.softmax(x), expected)
+    assert_close(attn_lib.online_softmax(x, 64), torch.softmax(x.double(), -1), dtype=dtype, what="online, 16-bit")
+    m, l = attn_lib.online_max_and_sum(x, 7)
+    assert m.dtype == l.dtype == torch.float32
+
+
+# --- online softmax on more than one leading axis, rows of very different sizes ---------------
+@pytest.mark.parametrize("shape", [(6,), (2, 6), (2, 3, 6)])
+def test_online_functions_on_any_leading_axes(shape):
+    x = _x(*shape, seed=4) * 3
+    x[..., 0] = x[..., 0] - 1000  # one row far below the others (when there are several rows)
+    if len(shape) > 1:
+        x[0] = x[0] - 1000
+    v = _x(*shape, 2, seed=5)
+    m, l = attn_lib.online_max_and_sum(x, 4)
+    assert_close(m, x.amax(-1), dtype="float64")
+    assert_close(l, torch.exp(x - x.amax(-1, keepdim=True)).sum(-1), dtype="float64")
+    assert_close(attn_lib.online_logsumexp(x, [1, 5]), torch.logsumexp(x, -1), dtype="float64")
+    expected = (torch.softmax(x, -1)[..., None, :] @ v)[..., 0, :]
+    assert_close(attn_lib.online_weighted_sum(x, v, 4), expected, dtype="float64", what="softmax(x) @ v")
+    x16, v16 = x.to(torch.float16), v.to(torch.float16)
+    out16 = attn_lib.online_weighted_sum(x16, v16, 4)
+    assert out16.dtype == torch.float16
+    assert_close(out16, (torch.softmax(x16.double(), -1)[..., None, :] @ v16.double())[..., 0, :], dtype="float16")
