@@ -120,12 +120,12 @@ def _ref_mha(layer, xq, xk, xv):
 
 
 @pytest.mark.parametrize("Layer", ["fused", "looped"])
-@pytest.mark.parametrize("which", ["kv_is_query", "k_is_query", "v_is_query", "all_differ", "self"])
+@pytest.mark.parametrize("which", ["kv_is_query", "k_is_query", "v_is_query", "kv_shared", "all_differ", "self"])
 def test_every_combination_of_query_key_value(Layer, which):
     fused = _fused()
     layer = fused if Layer == "fused" else attn_lib.LoopedMultiHeadAttention.from_fused(fused)
     x, y, z = _x(2, 4, 8, seed=1), _x(2, 4, 8, seed=2), _x(2, 4, 8, seed=3)
-    xq, xk, xv = {"kv_is_query": (x, x, x), "k_is_query": (x, x, y), "v_is_query": (x, y, x),
+    xq, xk, xv = {"kv_is_query": (x, x, x), "k_is_query": (x, x, y), "v_is_query": (x, y, x), "kv_shared": (x, y, y),
                   "all_differ": (x, y, z), "self": (x, None, None)}[which]
     with torch.no_grad():
         out = layer(xq, xk, xv)
@@ -257,3 +257,50 @@ def test_online_functions_on_any_leading_axes(shape):
     out16 = attn_lib.online_weighted_sum(x16, v16, 4)
     assert out16.dtype == torch.float16
     assert_close(out16, (torch.softmax(x16.double(), -1)[..., None, :] @ v16.double())[..., 0, :], dtype="float16")
+
+
+def test_cross_attention_without_bias():
+    layer = attn_lib.MultiHeadAttention(8, 2, bias=False).double()
+    x, y = _x(2, 4, 8, seed=1), _x(2, 5, 8, seed=2)
+    w_q, w_k, w_v = layer.qkv.weight.split(8)
+    with torch.no_grad():
+        for xk, xv in ((y, y), (y, _x(2, 5, 8, seed=3))):
+            q, k, v = (t.reshape(2, -1, 2, 4).transpose(1, 2) for t in (x @ w_q.T, xk @ w_k.T, xv @ w_v.T))
+            expected = layer.out_proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+                                      .reshape(2, 4, 8))
+            assert_close(layer(x, xk, xv), expected, dtype="float64", what="no bias, cross-attention")
+
+
+@pytest.mark.parametrize("call,exc,pattern", [
+    (lambda: attn_lib.MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.zeros(1, 3, 8), torch.zeros(2, 3, 8)),
+     ValueError, r"same batch size B, got 2, 1 and 2"),
+    (lambda: attn_lib.MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), torch.zeros(1, 3, 8)),
+     ValueError, r"same batch size B, got 2, 2 and 1"),
+    (lambda: attn_lib.MultiHeadAttention(8, 2)(torch.zeros(2, 3, 8), torch.zeros(2, 3, 8), torch.zeros(2, 3, 5)),
+     ValueError, r"^value has last dimension 5"),
+])
+def test_layer_input_messages(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_layer_check_finite_false_reaches_the_mask_check():
+    nan_mask = torch.zeros(3, 3)
+    nan_mask[0, 1] = float("nan")
+    x = torch.ones(1, 3, 8)
+    with pytest.raises(ValueError, match="additive float mask"):
+        attn_lib.MultiHeadAttention(8, 2)(x, mask=nan_mask)
+    assert torch.isnan(attn_lib.MultiHeadAttention(8, 2, check_finite=False)(x, mask=nan_mask)).any()
+
+
+def test_default_and_flash_reprs():
+    assert "backend" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
+    assert "is_causal=False)" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
+    assert "head_dim=4, is_causal=False, backend='flash'\n" in repr(attn_lib.MultiHeadAttention(8, 2, backend="flash"))
+
+
+def test_16_bit_softmax_with_a_dead_row_keeps_its_dtype():
+    x = torch.tensor([[0.5, 1.0], [float("-inf"), float("-inf")]], dtype=torch.float16)
+    p = attn_lib.softmax(x)
+    assert p.dtype == torch.float16 and (p[1] == 0).all()
+    assert_close(p[0], torch.softmax(x[0].double(), -1), dtype="float16")
