@@ -139,7 +139,7 @@ def _masked(logits, mask, is_causal: bool):
 
 def _attention_core(q, k, v, mask, is_causal: bool, scale: float, *, check_overflow: bool = True):
     """attention 的无检查内核:输入已检查过(形状、精度、掩码),scale 已是 float。返回 (输出, 分数)。"""
-    L, S = q.shape[-2], k.shape[-2]
+    S = k.shape[-2]
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     qw, kw, vw = q.to(work), k.to(work), v.to(work)
     raw = (qw @ kw.transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)

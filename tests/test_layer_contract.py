@@ -342,12 +342,28 @@ def test_overflow_to_minus_inf_is_an_overflow_too():
     q = torch.full((1, 1, 3, 4), 1e20)
     k = -q  # q·k = -4e40 < -3.4e38
     v = torch.ones(1, 1, 3, 4)
-    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+    exact = re.escape(OVERFLOW_MESSAGE) + r" \(\|scale·q·k\| exceeds the range of float32\)"
+    with pytest.raises(ValueError, match=exact):
         attn_lib.attention(q, k, v)
-    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+    with pytest.raises(ValueError, match=exact):
         numpy_ref.attention(q.numpy(), k.numpy(), v.numpy())
     layer = MultiHeadAttention(4, 1, bias=False)
     with torch.no_grad():
         layer.qkv.weight.copy_(torch.cat([torch.eye(4), -torch.eye(4), torch.eye(4)]))
     with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
         layer(torch.full((1, 3, 4), 1e20))  # need_weights=False: the fused path must not return zeros
+
+
+def test_an_overflowing_score_that_is_hidden_is_not_an_error():
+    """Row 0 may see only key 1 by its mask, and the causal rule hides key 1 from it: row 0 sees nothing,
+    and its overflowing score for key 1 (1e20 · 1e20 > 3.4e38) is hidden, not an overflow."""
+    q = torch.tensor([[1e20], [1e-20]])[None, None]  # (1,1,2,1)
+    k = torch.tensor([[1.0], [1e20]])[None, None]
+    v = torch.tensor([[1.0], [2.0]])[None, None]
+    mask = torch.tensor([[False, True], [True, True]])
+    out, scores = attn_lib.attention(q, k, v, mask=mask, is_causal=True, scale=1.0)
+    assert out[0, 0, 0, 0] == 0 and (scores[0, 0, 0] == 0).all()
+    expected = torch.softmax(torch.tensor([1e-20, 1.0], dtype=torch.float64), 0) @ torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert abs(float(out[0, 0, 1, 0]) - float(expected)) < 1e-6
+    np_out, _ = numpy_ref.attention(q.numpy(), k.numpy(), v.numpy(), mask=mask.numpy(), is_causal=True, scale=1.0)
+    assert np_out[0, 0, 0, 0] == 0 and abs(float(np_out[0, 0, 1, 0]) - float(expected)) < 1e-6
