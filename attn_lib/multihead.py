@@ -71,7 +71,7 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
 
 
-def _checked_inputs(query, key, value, d_model: int, dtype: torch.dtype, check_finite: bool = True):
+def _checked_inputs(query, key, value, d_model: int, dtype: torch.dtype, check_finite: bool):
     """key and value default to query (self-attention); check each distinct tensor once, return (key, value)."""
     key = query if key is None else key
     value = key if value is None else value

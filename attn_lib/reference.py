@@ -69,7 +69,7 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True)
     return dims, check_scale(scale)
 
 
-def check_mask(mask, target: tuple, device, *, check_finite: bool = True, name: str = "mask") -> None:
+def check_mask(mask, target: tuple, device, *, check_finite: bool, name: str = "mask") -> None:
     """检查掩码:torch 张量、布尔或浮点、与 q 同设备、能广播到分数形状;浮点掩码不许有 nan / +inf。
 
     Args:
@@ -137,7 +137,7 @@ def _masked(logits, mask, is_causal: bool):
     return logits
 
 
-def _attention_core(q, k, v, mask, is_causal: bool, scale: float, *, check_overflow: bool = True):
+def _attention_core(q, k, v, mask, is_causal: bool, scale: float, *, check_overflow: bool):
     """attention 的无检查内核:输入已检查过(形状、精度、掩码),scale 已是 float。返回 (输出, 分数)。"""
     S = k.shape[-2]
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32

@@ -151,7 +151,7 @@ def attend(q, k, v, mask, *, is_causal: bool, need_weights: bool, backend: str, 
     # An overflowing score makes its whole softmax row nan, and so every entry of that output
     # row: one entry per row tells (a strided read, not a scan of the output).
     if check_finite and out.numel() and bool(torch.isnan(out[..., 0]).any()):
-        _attention_core(q, k, v, mask, is_causal, scale)  # raises the overflow error if that is the cause
+        _attention_core(q, k, v, mask, is_causal, scale, check_overflow=True)  # raises if overflow is the cause
         raise overflow_error(q.dtype)
     return out, None
 

@@ -102,7 +102,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def check_row_max(x: torch.Tensor, m: torch.Tensor, name: str = "x") -> None:
+def check_row_max(x: torch.Tensor, m: torch.Tensor) -> None:
     """用每行的最大值 m 检查整行:m 是 nan 或 +inf,说明这一行里有 nan 或 +inf,报 ValueError。
 
     One reduction (already computed) and one host sync, instead of a scan of ``x``.
@@ -110,10 +110,9 @@ def check_row_max(x: torch.Tensor, m: torch.Tensor, name: str = "x") -> None:
     Args:
         x: the scores, for the message.
         m: ``x.amax(dim, keepdim=True)``.
-        name: the argument's name for the message.
     """
     if m.numel() and not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
-        check_scores_finite(x, name)
+        check_scores_finite(x, "x")
 
 
 def softmax_with_max(x: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:

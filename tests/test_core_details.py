@@ -295,7 +295,7 @@ def test_layer_check_finite_false_reaches_the_mask_check():
 
 def test_default_and_flash_reprs():
     assert "backend" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
-    assert "is_causal=False)" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
+    assert "head_dim=4, is_causal=False\n" in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
     assert "head_dim=4, is_causal=False, backend='flash'\n" in repr(attn_lib.MultiHeadAttention(8, 2, backend="flash"))
 
 
