@@ -112,7 +112,7 @@ def check_row_max(x: torch.Tensor, m: torch.Tensor) -> None:
         m: ``x.amax(dim, keepdim=True)``.
     """
     if m.numel() and not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
-        check_scores_finite(x, "x")
+        check_scores_finite(x)
 
 
 def softmax_with_max(x: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:

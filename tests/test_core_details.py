@@ -304,3 +304,19 @@ def test_16_bit_softmax_with_a_dead_row_keeps_its_dtype():
     p = attn_lib.softmax(x)
     assert p.dtype == torch.float16 and (p[1] == 0).all()
     assert_close(p[0], torch.softmax(x[0].double(), -1), dtype="float16")
+
+
+def test_softmax_with_max_keeps_the_dtype_and_the_row_check_does_not_scan(monkeypatch):
+    import attn_lib.softmax as sm
+
+    x = torch.tensor([[0.5, 1.0], [float("-inf"), float("-inf")]], dtype=torch.float16)
+    live = x[:1]
+    assert sm.softmax_with_max(live, live.amax(-1, keepdim=True), 1).dtype == torch.float16
+    assert sm.softmax_with_max(x, x.amax(-1, keepdim=True), 1).dtype == torch.float16
+
+    def no_scan(*a, **k):
+        raise AssertionError("finite row maxima: check_row_max must not scan the scores")
+
+    monkeypatch.setattr(sm, "check_scores_finite", no_scan)
+    sm.check_row_max(x, x.amax(-1, keepdim=True))  # one -inf row max: allowed, no scan
+    assert (attn_lib.softmax(x)[1] == 0).all()
