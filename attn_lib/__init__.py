@@ -1,90 +1,85 @@
-"""attn_lib：注意力机制可执行章节的配套库。
+"""attn_lib：注意力机制可执行章节的配套库（模块与章节的对应见各模块文档字符串的第一行和 README 的地图）。
 
 Layout everywhere: (B, H, L, D) as in ``torch.nn.functional.scaled_dot_product_attention``
-(B batch, H heads, L queries, S keys, D head dim). One module per concept; every fast path
-is tested against ``attn_lib.reference.attention`` with the tolerances in
+(B batch, H heads, L queries, S keys, D head dim). The package is flat: one module per
+concept, and each module's docstring opens with the chapter it serves. Every fast path is
+tested against ``attn_lib.reference.attention`` with the tolerances in
 ``attn_lib.tolerances``. Importing attn_lib never touches CUDA.
 """
+from . import io_model, it_data, numpy_ref, tiny_model, worked_example
 from .device import cuda_available, default_device, try_gpu
+from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
+from .flash_torch import flash_attention_backward_torch, flash_attention_torch, naive_attention
+from .kv_cache import KVCache
+from .io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
 from .lookup import hard_lookup, soft_lookup
-from .masks import causal_mask
+from .masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
+from .multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
+from .positions import apply_rotary, sinusoidal_positions
+from .online_softmax import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
+                             online_weighted_sum)
 from .reference import attention
+from .self_attention import SelfAttention
 from .similarity import dot, dot_all, dot_query_keys, euclidean_distance
 from .softmax import naive_softmax, softmax
 from .tolerances import TOLERANCES, assert_close, tolerance
-from . import numpy_ref, worked_example
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "attention",
-    "softmax",
-    "naive_softmax",
-    "causal_mask",
-    "dot",
-    "dot_query_keys",
-    "dot_all",
-    "euclidean_distance",
-    "hard_lookup",
-    "soft_lookup",
+    # 全书共用 (every chapter): the worked example, devices, the tolerance table
+    "worked_example",
     "cuda_available",
     "default_device",
     "try_gpu",
     "TOLERANCES",
     "tolerance",
     "assert_close",
+    # 第 1 章 字典类比
+    "hard_lookup",
+    "soft_lookup",
+    # 第 2 章 点积
+    "dot",
+    "dot_query_keys",
+    "dot_all",
+    "euclidean_distance",
+    # 第 3 章 Softmax (torch and numpy)
+    "softmax",
+    "naive_softmax",
     "numpy_ref",
-    "worked_example",
-]
-
-# --- issue 3 (masks, self-attention, multi-head) adds its exports below this line ---
-from .masks import additive_to_bool, bool_to_additive, padding_mask
-from .multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
-from .self_attention import SelfAttention
-
-__all__ += [
+    # 第 5 章 自注意力 (the reference implementation every other path is tested against)
+    "attention",
+    "SelfAttention",
+    # 第 6 章 掩码
+    "causal_mask",
     "padding_mask",
     "bool_to_additive",
     "additive_to_bool",
-    "SelfAttention",
+    # 第 7 章 多头注意力
     "MultiHeadAttention",
     "LoopedMultiHeadAttention",
     "split_heads",
     "merge_heads",
     "count_parameters",
-]
-
-# --- issue 4 (FlashAttention) adds its exports below this line ---
-from .flash import flash_attention, flash_attention_triton
-from .flash_torch import flash_attention_torch, naive_attention
-from .online_softmax import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
-                             online_weighted_sum)
-from .io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
-from . import io_model
-
-__all__ += [
-    "flash_attention",
-    "flash_attention_torch",
-    "flash_attention_triton",
-    "naive_attention",
+    # 第 8 章 FlashAttention: online softmax, the IO model, the tiled and Triton paths
     "online_softmax",
     "online_softmax_update",
     "online_max_and_sum",
     "online_logsumexp",
     "online_weighted_sum",
+    "io_model",
     "IOCounter",
     "standard_attention_io",
     "flash_attention_io",
     "tiled_attention_io",
-    "io_model",
-]
-
-# --- issue 11 (positions, KV cache, a trained tiny model) adds its exports below this line ---
-from .positions import apply_rotary, sinusoidal_positions
-from .kv_cache import KVCache
-from . import it_data, tiny_model
-
-__all__ += [
+    "flash_attention",
+    "flash_attention_torch",
+    "flash_attention_triton",
+    "naive_attention",
+    # 第 9 章 FlashAttention 的反向传播 (flash_attention itself is differentiable)
+    "flash_attention_backward_torch",
+    "flash_attention_triton_backward",
+    # 第 10 章 位置、训练一个小模型、KV 缓存
     "sinusoidal_positions",
     "apply_rotary",
     "KVCache",

@@ -1,14 +1,29 @@
-"""输入检查：每条报错都说清是哪个参数、期望什么、实际拿到什么、怎么改。
+"""第 3–8 章共用（书中不单独讲）：输入检查，每条报错都说清是哪个参数、期望什么、实际拿到什么、怎么改。
 
 Shared by every attention path (numpy, torch reference, multi-head, tiled, Triton), so the
 same bad input gets the same message whichever path a reader calls. Works on anything with
 ``.shape`` and ``.ndim`` (torch tensors and numpy arrays); dtype checks are passed in by
 the caller because numpy and torch spell dtypes differently.
+
+One rule for the exception types, in every function here:
+
+- ``TypeError``: the argument has the wrong *type* (a str where a number belongs, a float
+  where a size belongs, a non-bool flag, mismatched dtypes);
+- ``ValueError``: the type is right but the *value* is not (a size < 1, a shape that does
+  not fit, a scale <= 0, nan / inf, scores that overflow).
+
+Sizes are ``int`` or integral numpy / torch scalars (``np.int64(8)`` is accepted and
+returned as ``8``); bool is refused. Public entry points check once and then call unchecked
+cores (``attn_lib.reference._attention_core`` ...), so a layer does not re-check what it
+already checked.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Sequence
+
+OVERFLOW_MESSAGE = "attention scores overflowed to +inf"
 
 
 def _shape(x: Any) -> tuple:
@@ -110,7 +125,11 @@ def check_mask_shape(mask: Any, target: tuple) -> None:
 
 
 def check_scale(scale: Any) -> float | None:
-    """检查缩放系数：None 或一个有限的正数；返回 float（或 None），否则报 TypeError / ValueError。
+    """检查缩放系数：None 或一个有限的正实数；返回 float（或 None），否则报 TypeError / ValueError。
+
+    Accepted: a Python int/float, a numpy real scalar, a 0-d numpy array or a one-element
+    torch tensor *without* ``requires_grad`` (scale is a constant, not a parameter: no path
+    differentiates with respect to it). Refused: str, bool, complex, a tensor that requires grad.
 
     Args:
         scale: None (use 1/sqrt(D)) or a positive finite number.
@@ -120,12 +139,24 @@ def check_scale(scale: Any) -> float | None:
     """
     if scale is None:
         return None
-    if isinstance(scale, bool):
-        raise TypeError(f"scale must be a positive number or None, got {scale!r}.")
-    try:
+    if getattr(scale, "requires_grad", False):
+        raise TypeError(
+            "scale is not differentiable: got a tensor with requires_grad=True, and its gradient would be "
+            "silently dropped. Pass a plain number (scale=float(s.detach())), or multiply q by the "
+            "learnable factor yourself (attention(q * s, k, v, scale=1.0)) so autograd sees it."
+        )
+    value = None
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
         value = float(scale)
-    except (TypeError, ValueError):
-        raise TypeError(f"scale must be a positive number or None, got {scale!r}.") from None
+    elif hasattr(scale, "dtype") and hasattr(scale, "shape") and _numel(scale) == 1:
+        kind = str(scale.dtype)
+        if not any(w in kind for w in ("bool", "complex")) and any(w in kind for w in ("float", "int")):
+            value = float(scale.reshape(()) if hasattr(scale, "reshape") else scale)
+    if value is None:
+        raise TypeError(
+            f"scale must be a positive number or None, got {scale!r} ({type(scale).__name__}); "
+            "e.g. scale=0.125, or leave it as None for 1/sqrt(D)."
+        )
     if not math.isfinite(value) or value <= 0:
         raise ValueError(
             f"scale must be finite and > 0, got {value}. Leave it as None for the usual 1/sqrt(D)."
@@ -133,19 +164,53 @@ def check_scale(scale: Any) -> float | None:
     return value
 
 
+def _numel(x: Any) -> int:
+    n = 1
+    for s in x.shape:
+        n *= int(s)
+    return n
+
+
+def check_int(name: str, value: Any, minimum: int = 1) -> int:
+    """检查大小参数（块大小、头数、长度）：必须是整数且 >= minimum；类型不对报 TypeError，值不对报 ValueError。
+
+    Args:
+        name: the argument's name for the message.
+        value: an int or an integral numpy / torch scalar (bool is refused).
+        minimum: the smallest allowed value.
+
+    Returns:
+        ``int(value)``.
+    """
+    expected = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+    if isinstance(value, bool) or not _is_integral(value):
+        hint = f"; use int({value!r})" if isinstance(value, float) and value.is_integer() else ""
+        raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__}){hint}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return value
+
+
+def _is_integral(value: Any) -> bool:
+    if isinstance(value, numbers.Integral):
+        return True
+    # a 0-d torch tensor / numpy array of an integer dtype
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    return dtype is not None and shape is not None and len(shape) == 0 and "int" in str(dtype)
+
+
 def check_positive_int(name: str, value: Any) -> int:
-    """检查正整数参数（块大小、头数、长度）：必须是 >= 1 的 int，否则报 ValueError；返回原值。
+    """检查正整数参数（块大小、头数、长度）：``check_int(name, value, 1)``；返回 int。
 
     Args:
         name: the argument's name for the message.
         value: the value to check (bool is refused).
 
     Returns:
-        ``value`` unchanged.
+        ``int(value)``.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}.")
-    return value
+    return check_int(name, value, 1)
 
 
 def check_last_dim(name: str, x: Any, expected: int, what: str) -> None:
@@ -174,8 +239,8 @@ def check_divisible(d_model: int, num_heads: int) -> int:
     Returns:
         The head dim ``D = C // H``.
     """
-    check_positive_int("d_model", d_model)
-    check_positive_int("num_heads", num_heads)
+    d_model = check_positive_int("d_model", d_model)
+    num_heads = check_positive_int("num_heads", num_heads)
     if d_model % num_heads:
         lo = d_model - d_model % num_heads
         raise ValueError(
@@ -187,14 +252,37 @@ def check_divisible(d_model: int, num_heads: int) -> int:
 
 
 def check_bool(name: str, value: Any) -> bool:
-    """检查开关参数必须是 True 或 False（不把 "no"、1 之类当真），返回它。"""
+    """检查开关参数必须是 True 或 False（不把 "no"、1 之类当真），返回它（numpy 的 np.bool_ 也收，返回 bool）。"""
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
+def overflow_error(dtype: Any) -> ValueError:
+    """分数溢出成 +inf 时所有路径共用的报错（消息开头固定，见 OVERFLOW_MESSAGE）。
+
+    Args:
+        dtype: the working dtype in which the scores overflowed (torch or numpy).
+
+    Returns:
+        The ``ValueError`` to raise.
+    """
+    name = str(dtype).replace("torch.", "")
+    return ValueError(
+        f"{OVERFLOW_MESSAGE} (|scale·q·k| exceeds the range of {name}); "
+        "compute in float64 or use a smaller scale"
+    )
+
+
 def all_finite(t: Any) -> bool:
-    """张量里是否没有 nan / inf：先做一次 float64 求和（任何 nan/inf 都会让和不有限），只有和溢出时才逐元素检查。"""
+    """张量里是否没有 nan / inf：先求一次和（任何 nan/inf 都会让和不有限），只有和本身溢出时才逐元素检查。
+
+    One reduction in the tensor's own precision (float32 for float16 / bfloat16), one host
+    sync on CUDA; the elementwise scan runs only when the sum is not finite.
+    """
     import torch
 
-    return bool(torch.isfinite(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())
+    acc = torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None
+    return bool(torch.isfinite(t.sum(dtype=acc))) or bool(torch.isfinite(t).all())

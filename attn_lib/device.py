@@ -1,4 +1,4 @@
-"""设备选择只在这一处（全书通用，第 08、09 章的 Triton 核函数也在这里决定怎么运行）：有 GPU 用 GPU，没有就用 CPU；导入本模块不会触碰 CUDA。
+"""第 08、09、11 章（设备）：设备选择只在这一处（第 08、09 章的 Triton 核函数也在这里决定怎么运行）：有 GPU 用 GPU，没有就用 CPU；导入本模块不会触碰 CUDA。
 
 Set ``ATTN_LIB_DEVICE=cpu`` (or ``cuda``, ``cuda:1``) to override the choice everywhere.
 

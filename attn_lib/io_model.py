@@ -1,4 +1,4 @@
-"""访存模型：数一数标准注意力和分块注意力各要读写多少次慢速显存（HBM），单位是「元素个数」。
+"""第 8 章（FlashAttention 之二，访存模型）：数一数标准注意力和分块注意力各要读写多少次慢速显存（HBM），单位是「元素个数」。
 
 Counts follow the FlashAttention paper (Dao et al. 2022, arXiv 2205.14135) for one head
 (one (b, h) pair) with N queries, N keys and head dim d; M is the size of the fast on-chip
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._validate import check_positive_int
+from ._validate import check_int, check_positive_int
 
 
 @dataclass
@@ -199,8 +199,7 @@ def largest_tensor(fn, *args, **kwargs):
 
 def _check_counts(**sizes: int) -> None:
     for name, value in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        check_int(name, value, 0)
 
 
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:

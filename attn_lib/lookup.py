@@ -1,4 +1,4 @@
-"""字典类比：普通字典的精确查找（硬查找）vs 注意力的按比例混合（软查找）。"""
+"""第 1 章（字典类比）：普通字典的精确查找（硬查找）vs 注意力的按比例混合（软查找）。"""
 from __future__ import annotations
 
 import math
@@ -22,7 +22,7 @@ def hard_lookup(query: str, table: Mapping[str, Any]) -> Any:
 
 def check_proportions(weights: Sequence[float], *, atol: float = 1e-9) -> None:
     """检查一组比例：每个都不小于 0，加起来等于 1；否则报 ValueError。"""
-    ws = [float(w) for w in weights]
+    ws = [float(w.detach()) if hasattr(w, "detach") else float(w) for w in weights]  # checks only: no graph
     if not all(math.isfinite(w) for w in ws):
         raise ValueError(f"proportions must be finite numbers, got {ws}")
     if any(w < 0 for w in ws):

@@ -1,4 +1,4 @@
-"""掩码：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
+"""第 6、10 章（因果掩码与填充掩码）：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
 
 Two forms of the same information, both accepted by ``attn_lib.attention``:
 
@@ -20,7 +20,7 @@ import numbers
 
 import torch
 
-from ._validate import check_positive_int
+from ._validate import check_int, check_positive_int
 
 
 def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> torch.Tensor:
@@ -63,11 +63,8 @@ def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device
     Returns:
         Bool tensor of shape (L, S).
     """
-    if not (isinstance(L, numbers.Integral) and not isinstance(L, bool) and L >= 0):
-        raise ValueError(f"L must be an int >= 0, got {L!r}")
-    S = L if S is None else S
-    if not (isinstance(S, numbers.Integral) and not isinstance(S, bool) and S >= 0):
-        raise ValueError(f"S must be an int >= 0, got {S!r}")
+    L = check_int("L", L, 0)
+    S = L if S is None else check_int("S", S, 0)
     if not isinstance(align, str):
         raise TypeError(f'align must be the string "top-left" or "bottom-right", got {align!r}')
     if align not in ("top-left", "bottom-right"):
@@ -99,7 +96,12 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
         Bool tensor of shape (B, 1, 1, S); True = a real token (may be attended to).
     """
     if isinstance(lengths, torch.Tensor):
-        if lengths.ndim != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        if lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise TypeError(
+                f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype}; "
+                "convert with lengths.long()"
+            )
+        if lengths.ndim != 1:
             raise ValueError(
                 f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype} "
                 f"and shape {tuple(lengths.shape)}"
@@ -114,7 +116,7 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
         values = list(lengths)
         for n in values:
             if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-                raise ValueError(f"lengths must contain ints, got {n!r} in {values!r}")
+                raise TypeError(f"lengths must contain ints, got {n!r} in {values!r}")
     if not values:
         raise ValueError("lengths is empty: need one length per sentence in the batch")
     if min(values) < 0:

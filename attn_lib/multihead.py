@@ -1,4 +1,4 @@
-"""多头注意力：每个头通过自己的投影看全部输入；投影之后的 C 维切成 H 段（每头 D = C / H），各算一遍注意力再拼回来。
+"""第 7、10 章（多头注意力）：每个头通过自己的投影看全部输入；投影之后的 C 维切成 H 段（每头 D = C / H），各算一遍注意力再拼回来。
 
     qkv = x W_qkv            one (B, L, C) @ (C, 3C) matrix multiplication, then split
     q, k, v -> (B, H, L, D)  split the last axis into H heads of D
@@ -10,6 +10,10 @@ projections of all heads. ``LoopedMultiHeadAttention`` is the teaching version w
 separate small projections per head and a Python loop over heads; the two compute the same
 thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/test_multihead.py asserts.
 Both have 4C² + 4C parameters (with bias) for every H, the same as a single head of width C.
+
+Each forward checks its inputs once (``check_sequence_input``, ``layer_mask``) and then runs
+unchecked code: the head split below and ``attn_lib.self_attention.attend`` (with
+``need_weights=False`` torch's fused attention, tested against the reference).
 """
 from __future__ import annotations
 
@@ -17,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_divisible, check_rank
-from .reference import attention
-from .self_attention import check_sequence_input
+from ._validate import check_bool, check_divisible, check_rank
+from .self_attention import attend, check_backend, check_need_weights, check_sequence_input, layer_mask
 
 
 def _check_tensor(x, layout: str) -> None:
@@ -40,8 +43,13 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     _check_tensor(x, "(B, L, C)")
     check_rank("x", x, 3, "(B, L, C)")
     B, L, C = x.shape
-    D = check_divisible(C, num_heads)
-    return x.view(B, L, num_heads, D).transpose(1, 2)  # (B,L,C) -> (B,L,H,D) -> (B,H,L,D)
+    check_divisible(C, num_heads)
+    return _split_heads(x, int(num_heads))
+
+
+def _split_heads(x: torch.Tensor, H: int) -> torch.Tensor:
+    B, L, C = x.shape
+    return x.view(B, L, H, C // H).transpose(1, 2)  # (B,L,C) -> (B,L,H,D) -> (B,H,L,D)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -55,16 +63,23 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """
     _check_tensor(x, "(B, H, L, D)")
     check_rank("x", x, 4, "(B, H, L, D)")
+    return _merge_heads(x)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     B, H, L, D = x.shape
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
 
 
-def _checked_inputs(query, key, value, d_model: int, dtype: torch.dtype):
-    """key and value default to query (self-attention); check all three, return (key, value)."""
+def _checked_inputs(query, key, value, d_model: int, dtype: torch.dtype, check_finite: bool):
+    """key and value default to query (self-attention); check each distinct tensor once, return (key, value)."""
     key = query if key is None else key
     value = key if value is None else value
+    seen = []
     for name, t in (("query", query), ("key", key), ("value", value)):
-        check_sequence_input(name, t, d_model, dtype)
+        again = any(t is u for u in seen)  # self-attention: one tensor, scanned once
+        check_sequence_input(name, t, d_model, dtype, check_finite and not again)
+        seen.append(t)
     _check_key_value(query, key, value)
     return key, value
 
@@ -104,18 +119,27 @@ class MultiHeadAttention(nn.Module):
         bias: give the QKV and output projections a bias.
         is_causal: hide later keys from each query (top-left aligned, ``attn_lib.causal_mask``);
             combined with any ``mask`` given to ``forward``.
+        backend: ``"reference"`` (default: the scores are available with ``need_weights=True``;
+            without them torch's fused attention computes the same output) or ``"flash"``
+            (``attn_lib.flash_attention``; key padding masks only, no scores).
+        check_finite: scan the inputs for nan / inf and the output for overflow (default);
+            ``False`` skips these reductions (no host sync on CUDA).
 
     Parameters: ``qkv`` (nn.Linear C → 3C, rows ordered [W_q; W_k; W_v] as in
     ``torch.nn.MultiheadAttention.in_proj_weight``) and ``out_proj`` (nn.Linear C → C):
     4C² + 4C numbers with bias, whatever H is. No dropout.
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False):
+    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False,
+                 backend: str = "reference", check_finite: bool = True):
         super().__init__()
         self.head_dim = check_divisible(d_model, num_heads)
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.is_causal = bool(is_causal)
+        self.d_model = d_model = int(d_model)
+        self.num_heads = num_heads = int(num_heads)
+        check_bool("bias", bias)
+        self.is_causal = check_bool("is_causal", is_causal)
+        self.backend = check_backend(backend)
+        self.check_finite = check_bool("check_finite", check_finite)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # (C) -> (3C) = [q | k | v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # (C) -> (C)
 
@@ -144,11 +168,12 @@ class MultiHeadAttention(nn.Module):
             query: (B, L, C).
             key: (B, S, C); default ``query`` (self-attention).
             value: (B, S, C); default ``key`` (so ``query`` when both are omitted).
-            mask: optional, broadcastable to the scores (B, H, L, S): bool (True = may
-                attend) or additive float (``-inf`` hides). E.g. (L, S) for one pattern for
-                the whole batch, or ``attn_lib.padding_mask(lengths)`` (B, 1, 1, S) for key
-                padding. Combined with ``is_causal``: a key is visible only if both allow it.
-            need_weights: also return every head's attention scores.
+            mask: optional bool (True = may attend) or additive float (``-inf`` hides):
+                (L, S) or (S,) for one pattern for the whole batch; (B, L, S) one pattern per
+                sequence, shared by every head (as in ``SelfAttention``); (B, H, L, S) one per
+                head; any axis may be 1, e.g. ``attn_lib.padding_mask(lengths)`` (B, 1, 1, S)
+                for key padding. Combined with ``is_causal``: a key is visible only if both allow it.
+            need_weights: also return every head's attention scores (not with backend "flash").
             kv_cache: optional ``attn_lib.KVCache`` (self-attention only): the new keys and
                 values are appended to it and the queries attend over everything cached; with
                 ``is_causal`` the queries are the last L positions (bottom-right aligned mask).
@@ -157,22 +182,27 @@ class MultiHeadAttention(nn.Module):
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
         """
-        key, value = _checked_inputs(query, key, value, self.d_model, self.qkv.weight.dtype)
+        check_need_weights(need_weights, self.backend)
+        key, value = _checked_inputs(query, key, value, self.d_model, self.qkv.weight.dtype, self.check_finite)
+        H = self.num_heads
         q, k, v = self._project(query, key, value)  # (B,L,C), (B,S,C), (B,S,C)
-        q = split_heads(q, self.num_heads)  # (B,L,C) -> (B,H,L,D)
-        k = split_heads(k, self.num_heads)  # (B,S,C) -> (B,H,S,D)
-        v = split_heads(v, self.num_heads)  # (B,S,C) -> (B,H,S,D)
+        q = _split_heads(q, H)  # (B,L,C) -> (B,H,L,D)
+        k = _split_heads(k, H)  # (B,S,C) -> (B,H,S,D)
+        v = _split_heads(v, H)  # (B,S,C) -> (B,H,S,D)
         is_causal = self.is_causal
-        if kv_cache is not None:  # issue 11: generation with a KV cache (attn_lib.kv_cache)
+        if kv_cache is not None:  # generation with a KV cache (chapter 10, attn_lib.kv_cache)
             k, v, mask, is_causal = _use_kv_cache(kv_cache, key is query and value is query, q, k, v, mask,
-                                                    is_causal)  # (B,H,S_all,D)
-        out, scores = attention(q, k, v, mask=mask, is_causal=is_causal)  # (B,H,L,D), (B,H,L,S)
-        out = self.out_proj(merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)
+                                                    is_causal)  # (B,H,S_all,D), (B,H,S_all,D)
+        mask = layer_mask(mask, query.shape[0], H, query.shape[1], k.shape[2], query.device,
+                          check_finite=self.check_finite)  # None or broadcastable to (B,H,L,S)
+        out, scores = attend(q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
+                             backend=self.backend, check_finite=self.check_finite)  # (B,H,L,D), (B,H,L,S) or None
+        out = self.out_proj(_merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)
         return (out, scores) if need_weights else out
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"is_causal={self.is_causal}")
+                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
 
 
 class LoopedMultiHeadAttention(nn.Module):
@@ -187,14 +217,19 @@ class LoopedMultiHeadAttention(nn.Module):
         num_heads: H; must divide ``d_model``.
         bias: give the projections a bias.
         is_causal: hide later keys from each query.
+        backend, check_finite: as in ``MultiHeadAttention``.
     """
 
-    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False):
+    def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False,
+                 backend: str = "reference", check_finite: bool = True):
         super().__init__()
         self.head_dim = D = check_divisible(d_model, num_heads)
-        self.d_model = d_model
-        self.num_heads = num_heads
-        self.is_causal = bool(is_causal)
+        self.d_model = d_model = int(d_model)
+        self.num_heads = num_heads = int(num_heads)
+        check_bool("bias", bias)
+        self.is_causal = check_bool("is_causal", is_causal)
+        self.backend = check_backend(backend)
+        self.check_finite = check_bool("check_finite", check_finite)
         self.w_q = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_k = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_v = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
@@ -213,7 +248,8 @@ class LoopedMultiHeadAttention(nn.Module):
         """
         C, H, D = fused.d_model, fused.num_heads, fused.head_dim
         has_bias = fused.qkv.bias is not None
-        looped = cls(C, H, bias=has_bias, is_causal=fused.is_causal).to(fused.qkv.weight.dtype)
+        looped = cls(C, H, bias=has_bias, is_causal=fused.is_causal, backend=fused.backend,
+                     check_finite=fused.check_finite).to(fused.qkv.weight.dtype)
         with torch.no_grad():
             for part, heads in enumerate((looped.w_q, looped.w_k, looped.w_v)):
                 for h, lin in enumerate(heads):
@@ -226,12 +262,14 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
         """与 ``MultiHeadAttention.forward`` 相同的参数和返回值，只是一个头一个头地算。"""
-        key, value = _checked_inputs(query, key, value, self.d_model, self.out_proj.weight.dtype)
-        if isinstance(mask, torch.Tensor) and mask.ndim == 4:
-            if mask.shape[1] not in (1, self.num_heads):
-                raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {self.num_heads}")
-            # (B,H or 1,L,S) -> H x (B,1,L,S)
-            head_masks = [mask[:, h if mask.shape[1] > 1 else 0][:, None] for h in range(self.num_heads)]
+        check_need_weights(need_weights, self.backend)
+        key, value = _checked_inputs(query, key, value, self.d_model, self.out_proj.weight.dtype, self.check_finite)
+        if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[1] not in (1, self.num_heads):
+            raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {self.num_heads}")
+        mask = layer_mask(mask, query.shape[0], self.num_heads, query.shape[1], key.shape[1], query.device,
+                          check_finite=self.check_finite)  # None or broadcastable to (B,H,L,S)
+        if mask is not None and mask.ndim == 4 and mask.shape[1] > 1:
+            head_masks = [mask[:, h:h + 1] for h in range(self.num_heads)]  # (B,H,L,S) -> H x (B,1,L,S)
         else:
             head_masks = [mask] * self.num_heads
         outs, all_scores = [], []
@@ -239,16 +277,18 @@ class LoopedMultiHeadAttention(nn.Module):
             q = self.w_q[h](query).unsqueeze(1)  # (B,L,C) -> (B,L,D) -> (B,1,L,D)
             k = self.w_k[h](key).unsqueeze(1)  # (B,S,C) -> (B,1,S,D)
             v = self.w_v[h](value).unsqueeze(1)  # (B,S,C) -> (B,1,S,D)
-            out, scores = attention(q, k, v, mask=head_masks[h], is_causal=self.is_causal)  # (B,1,L,D), (B,1,L,S)
+            out, scores = attend(q, k, v, head_masks[h], is_causal=self.is_causal, need_weights=need_weights,
+                                 backend=self.backend, check_finite=self.check_finite)  # (B,1,L,D), (B,1,L,S)
             outs.append(out.squeeze(1))  # (B,L,D)
-            all_scores.append(scores)  # (B,1,L,S)
+            all_scores.append(scores)  # (B,1,L,S) or None
         out = self.out_proj(torch.cat(outs, dim=-1))  # H x (B,L,D) -> (B,L,C) -> (B,L,C)
-        scores = torch.cat(all_scores, dim=1)  # H x (B,1,L,S) -> (B,H,L,S)
-        return (out, scores) if need_weights else out
+        if not need_weights:
+            return out
+        return out, torch.cat(all_scores, dim=1)  # H x (B,1,L,S) -> (B,H,L,S)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"is_causal={self.is_causal}")
+                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -1,4 +1,4 @@
-"""numpy 版的 softmax 与注意力：不想装 torch 的读者用它，语义与 torch 版完全相同。
+"""第 3、5 章（numpy 版）：softmax 与注意力：不想装 torch 的读者用它，语义与 torch 版完全相同。
 
 Same names, arguments, conventions and error messages as ``attn_lib.softmax`` and
 ``attn_lib.attention`` (see ``attn_lib.softmax`` for the -inf / all-masked-row rules).
@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from ._validate import check_bool, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale
+from ._validate import check_bool, check_int, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale, overflow_error
 
 
 def _check_float_array(name: str, x) -> np.ndarray:
@@ -85,10 +85,8 @@ def causal_mask(L: int, S: int | None = None) -> np.ndarray:
     Returns:
         Bool array of shape (L, S).
     """
-    S = L if S is None else S
-    for name, n in (("L", L), ("S", S)):
-        if not (isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0):
-            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+    L = check_int("L", L, 0)
+    S = L if S is None else check_int("S", S, 0)
     return np.tril(np.ones((L, S), dtype=bool))  # (L,S)
 
 
@@ -104,6 +102,10 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
 
     Returns:
         ``(output (B, H, L, Dv), scores (B, H, L, S))`` in the input dtype.
+
+    Raises:
+        ValueError: "attention scores overflowed to +inf ..." when ``scale·q·k`` exceeds the
+            working dtype's range, as on every torch path.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float_array(name, t)
@@ -117,7 +119,8 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
     work = np.float32 if q.dtype == np.float16 else q.dtype
     qw, kw, vw = q.astype(work), k.astype(work), v.astype(work)
-    logits = (qw @ np.swapaxes(kw, -2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below, once
+        raw = logits = (qw @ np.swapaxes(kw, -2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
     if mask is not None:
         mask = np.asarray(mask)
         check_mask_shape(mask, (B, H, L, S))
@@ -134,6 +137,19 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
             )
     if is_causal:
         logits = np.where(causal_mask(L, S), logits, -np.inf)  # (B,H,L,S)
+    if logits.size:
+        with np.errstate(invalid="ignore"):
+            m = logits.max(axis=-1)  # (B,H,L); nan propagates, -inf: the row sees no key
+        if np.isnan(m).any() or np.isposinf(m).any():
+            raise overflow_error(logits.dtype)
+        if np.isneginf(m).any() and np.isinf(raw).any():  # no visible key (fine), or overflow to -inf
+            visible = np.ones(logits.shape, dtype=bool)  # (B,H,L,S): what the mask and causal rule let through
+            if mask is not None:
+                visible &= np.broadcast_to(mask if mask.dtype == bool else np.isfinite(mask), logits.shape)
+            if is_causal:
+                visible &= causal_mask(L, S)
+            if (np.isinf(raw) & visible).any():
+                raise overflow_error(logits.dtype)
     scores = softmax(logits, dim=-1)  # (B,H,L,S)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.astype(q.dtype), scores.astype(q.dtype)

@@ -1,4 +1,4 @@
-"""在线 Softmax：一段一段地读一行分数，只记「目前最大值」和「目前的指数和」两个数，读完就得到整行的 softmax。
+"""第 8 章（FlashAttention 之一，在线 Softmax）：一段一段地读一行分数，只记「目前最大值」和「目前的指数和」两个数，读完就得到整行的 softmax。
 
 Standard softmax needs the whole row twice: once for its maximum ``m``, once for
 ``l = Σ exp(x - m)``. Online softmax (Milakov & Gimelshein 2018; the heart of FlashAttention)
@@ -19,6 +19,7 @@ entry gives zeros (and log-sum-exp ``-inf``); ``nan`` / ``+inf`` are rejected.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -38,8 +39,8 @@ def split_row(n: int, splits: int | Sequence[int]) -> list[tuple[int, int]]:
     Returns:
         List of ``(start, stop)`` pairs covering ``0..n`` in order.
     """
-    if isinstance(splits, int) and not isinstance(splits, bool):
-        size = check_positive_int("splits", splits)
+    if isinstance(splits, (numbers.Number, str, bytes)) or not hasattr(splits, "__iter__"):
+        size = check_positive_int("splits", splits)  # an int (numpy ints too); anything else: TypeError
         return [(s, min(s + size, n)) for s in range(0, n, size)]
     lengths = [check_positive_int(f"splits[{i}]", p) for i, p in enumerate(splits)]
     if sum(lengths) != n:

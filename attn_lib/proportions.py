@@ -1,4 +1,4 @@
-"""比例为什么必须加起来等于 1：不归一化时，输出的大小会随序列长度漂移（测量用）。
+"""第 3 章（Softmax，测量用）：比例为什么必须加起来等于 1：不归一化时，输出的大小会随序列长度漂移（测量用）。
 
 Chapter 03 compares three ways of turning scores into weights before the weighted sum:
 

@@ -1,4 +1,4 @@
-"""参考实现：缩放点积注意力，全书其他实现都拿它当标准答案（torch 版，支持 float64）。
+"""第 5 章起全书共用（第 5–8、11 章）：参考实现，缩放点积注意力，全书其他实现都拿它当标准答案（torch 版，支持 float64）。
 
     attention(q, k, v) = softmax(q @ kᵀ * scale + mask) @ v,   scale = 1 / sqrt(D)
 
@@ -6,6 +6,11 @@ Same semantics as ``torch.nn.functional.scaled_dot_product_attention`` (tested a
 with two additions: it also returns the post-softmax attention scores for plotting, and it
 accepts ``mask`` together with ``is_causal`` (the two are combined: a key is visible only if
 both allow it; torch refuses the combination).
+
+``attention`` checks its inputs once and calls ``_attention_core``, which checks nothing;
+the layers (``SelfAttention``, ``MultiHeadAttention``) check their own inputs once and call
+the core directly. Scores that overflow to +inf in the working dtype raise ``ValueError``
+("attention scores overflowed to +inf ..."), the rule every path follows.
 """
 from __future__ import annotations
 
@@ -13,20 +18,24 @@ import math
 
 import torch
 
-from ._validate import all_finite, check_bool, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale
+from ._validate import (all_finite, check_bool, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale,
+                        overflow_error)
 from .masks import causal_mask
-from .softmax import softmax
+from .softmax import softmax_with_max
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def check_attention_inputs(q, k, v, mask=None, scale=None):
+def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True):
     """检查 attention 的全部输入，返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv) float tensors of one dtype and device.
         mask: None, or a bool / float tensor broadcastable to (B, H, L, S).
         scale: None or a positive finite number.
+        check_finite: also scan q, k, v (and a float mask) for nan / inf. This is the only
+            part that reads the data (on CUDA: a host sync); pass False when the caller has
+            already checked, or knowingly skips it.
 
     Returns:
         ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
@@ -48,29 +57,44 @@ def check_attention_inputs(q, k, v, mask=None, scale=None):
         raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     dims = check_qkv_shapes(q, k, v)
     B, H, L, S, _, _ = dims
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    check_bool("check_finite", check_finite)
+    for name, t in (("q", q), ("k", k), ("v", v)) if check_finite else ():
         if t.numel() and not all_finite(t):
             raise ValueError(
                 f"{name} contains nan or inf; attention would turn it into nan. "
                 "Check the layer that produced it (masks belong in `mask`, not in q/k/v)."
             )
     if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
-        if mask.dtype != torch.bool and not mask.is_floating_point():
-            raise TypeError(
-                f"mask must be bool (True = may attend) or float (added to the scores), got {mask.dtype}; "
-                "for a 0/1 mask use mask.bool()"
-            )
-        if str(mask.device) != str(q.device):
-            raise ValueError(f"mask is on {mask.device} but q is on {q.device}")
-        check_mask_shape(mask, (B, H, L, S))
-        if mask.is_floating_point() and mask.numel() and (torch.isnan(mask).any() or torch.isposinf(mask).any()):
-            raise ValueError("an additive float mask may contain -inf (hidden) but not nan or +inf")
+        check_mask(mask, (B, H, L, S), q.device, check_finite=check_finite)
     return dims, check_scale(scale)
 
 
-def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
+def check_mask(mask, target: tuple, device, *, check_finite: bool, name: str = "mask") -> None:
+    """检查掩码：torch 张量、布尔或浮点、与 q 同设备、能广播到分数形状；浮点掩码不许有 nan / +inf。
+
+    Args:
+        mask: bool (True = may attend) or additive float tensor.
+        target: the shape it must broadcast to, usually the scores' (B, H, L, S).
+        device: q's device.
+        check_finite: also reduce a float mask once to look for nan / +inf.
+        name: the argument's name for the messages.
+    """
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{name} must be bool (True = may attend) or float (added to the scores), got {mask.dtype}; "
+            f"for a 0/1 mask use {name}.bool()"
+        )
+    if str(mask.device) != str(device):
+        raise ValueError(f"{name} is on {mask.device} but q is on {device}")
+    check_mask_shape(mask, target)
+    top = mask.amax() if check_finite and mask.is_floating_point() and mask.numel() else None  # nan propagates
+    if top is not None and bool(torch.isnan(top) | torch.isposinf(top)):
+        raise ValueError(f"an additive float {name} may contain -inf (hidden) but not nan or +inf")
+
+
+def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=True):
     """缩放点积注意力（参考实现）：返回输出和注意力分数，布局 (B, H, L, D)。
 
     Args:
@@ -80,26 +104,58 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
         mask: optional, broadcastable to (B, H, L, S). Bool: True = may attend (as in torch).
             Float: added to the scaled scores (use ``-inf`` to hide a key).
         is_causal: hide keys after each query (top-left aligned, see ``causal_mask``).
-        scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``; must be > 0.
+        scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``; must be a number > 0 (not a
+            tensor that requires grad: scale is not differentiable).
+        check_finite: scan q, k, v for nan / inf before, and the scores for overflow after
+            (default). ``False`` skips both (no host sync on CUDA); bad input then gives nan.
 
     Returns:
         ``(output, scores)``: output (B, H, L, Dv) and the post-softmax attention scores
         (B, H, L, S), both in the input dtype. float16/bfloat16 are computed in float32.
         A query row that may see no key gets all-zero scores and a zero output.
+
+    Raises:
+        ValueError: "attention scores overflowed to +inf ..." when ``scale·q·k`` exceeds the
+            working dtype's range (and ``check_finite`` is on).
     """
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, mask, scale)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, mask, scale, check_finite=check_finite)
     check_bool("is_causal", is_causal)
     scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
-    qw, kw, vw = q.to(work), k.to(work), v.to(work)
-    logits = (qw @ kw.transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    return _attention_core(q, k, v, mask, is_causal, scale, check_overflow=check_finite)
+
+
+def _masked(logits, mask, is_causal: bool):
+    """Hide what the mask and the causal rule hide: -inf there (bool mask) or + the additive mask."""
+    L, S = logits.shape[-2], logits.shape[-1]
     if mask is not None:
         if mask.dtype == torch.bool:
             logits = logits.masked_fill(~mask, float("-inf"))  # (B,H,L,S), hidden -> -inf
         else:
-            logits = logits + mask.to(work)  # (B,H,L,S) + broadcast(mask) -> (B,H,L,S)
+            logits = logits + mask.to(logits.dtype)  # (B,H,L,S) + broadcast(mask) -> (B,H,L,S)
     if is_causal:
-        logits = logits.masked_fill(~causal_mask(L, S, device=q.device), float("-inf"))  # (B,H,L,S)
-    scores = softmax(logits, dim=-1)  # (B,H,L,S), rows sum to 1 (or 0 if fully hidden)
+        logits = logits.masked_fill(~causal_mask(L, S, device=logits.device), float("-inf"))  # (B,H,L,S)
+    return logits
+
+
+def _attention_core(q, k, v, mask, is_causal: bool, scale: float, *, check_overflow: bool):
+    """attention 的无检查内核：输入已检查过（形状、精度、掩码），scale 已是 float。返回（输出，分数）。"""
+    S = k.shape[-2]
+    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+    qw, kw, vw = q.to(work), k.to(work), v.to(work)
+    raw = (qw @ kw.transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    logits = _masked(raw, mask, is_causal)  # (B,H,L,S), hidden -> -inf
+    if S:
+        m = logits.amax(-1, keepdim=True)  # (B,H,L,S) -> (B,H,L,1); -inf: the row sees no key
+    else:  # no keys at all: every row sees nothing
+        m = logits.new_full((*logits.shape[:-1], 1), float("-inf"))  # (B,H,L,1)
+    if check_overflow and m.numel():
+        if not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
+            raise overflow_error(work)  # +inf (or inf - inf = nan) in a row that sees a key
+        if bool(torch.isneginf(m).any()) and bool(torch.isinf(raw).any()):
+            # a row max of -inf: the row sees no key (fine) or its visible scores overflowed to -inf
+            visible = torch.isfinite(_masked(torch.zeros_like(raw), mask, is_causal))  # (B,H,L,S)
+            if bool((torch.isinf(raw) & visible).any()):
+                raise overflow_error(work)
+    scores = softmax_with_max(logits, m, logits.ndim - 1)  # (B,H,L,S), rows sum to 1 (or 0 if fully hidden)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.to(q.dtype), scores.to(q.dtype)

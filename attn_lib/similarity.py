@@ -1,4 +1,4 @@
-"""「有多像」怎么算：点积（一对、一个查询对全部键、全部查询对全部键）和欧氏距离。
+"""第 2 章（点积）：「有多像」怎么算：点积（一对、一个查询对全部键、全部查询对全部键）和欧氏距离。
 
 All functions accept numpy arrays or torch tensors (they only use ``*``, ``@`` and ``sum``).
 """

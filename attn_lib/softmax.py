@@ -1,4 +1,4 @@
-"""Softmax：把一串分数压成一组都不小于 0、加起来等于 1 的比例（torch 版）。
+"""第 3 章（Softmax）：把一串分数压成一组都不小于 0、加起来等于 1 的比例（torch 版）。
 
 Two versions:
 
@@ -72,6 +72,13 @@ def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """数值稳定的 softmax：先减去每行最大值再取指数；全是 -inf 的行返回全 0。
 
+    The subtraction of the row maximum is what ``torch.softmax`` does inside its fused
+    kernel, so this function calls it and adds the library's two conventions on top. A row
+    that holds ``nan`` or ``+inf``, or only ``-inf``, comes out of that kernel as ``nan`` in
+    *every* entry (its sum is ``nan``), so looking at one entry per row finds them all; only
+    then is the input examined: ``nan`` / ``+inf`` raise, all ``-inf`` rows become zeros.
+    Differentiable (autograd), also through all ``-inf`` rows.
+
     Args:
         x: float tensor of any shape; ``-inf`` allowed, ``nan`` / ``+inf`` rejected.
         dim: the axis that becomes proportions (default: last).
@@ -82,15 +89,46 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """
     _check_float_tensor("x", x)
     dim = _normalize_dim(x, dim)
-    check_scores_finite(x)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.clone()
-    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    m = work.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # all -inf rows: shift by 0
-    e = torch.exp(work - m)  # -inf -> 0, the row's max -> 1
-    s = e.sum(dim, keepdim=True)  # (...,S,...) -> (...,1,...)
-    out = e / torch.where(s > 0, s, torch.ones_like(s))  # all -inf rows: 0 / 1 = 0
+    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
+    out = torch.softmax(x, dim, dtype=work)  # (...,S,...); a bad or all -inf row is nan throughout
+    if bool(torch.isnan(out.select(dim, 0)).any()):  # one entry per row: (...,S,...) -> (...,...)
+        m = x.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...); nan / +inf propagate into m
+        check_row_max(x, m)
+        return softmax_with_max(x, m, dim)
     return out.to(x.dtype)
+
+
+def check_row_max(x: torch.Tensor, m: torch.Tensor) -> None:
+    """用每行的最大值 m 检查整行：m 是 nan 或 +inf，说明这一行里有 nan 或 +inf，报 ValueError。
+
+    One reduction (already computed) and one host sync, instead of a scan of ``x``.
+
+    Args:
+        x: the scores, for the message.
+        m: ``x.amax(dim, keepdim=True)``.
+    """
+    if m.numel() and not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
+        check_scores_finite(x)
+
+
+def softmax_with_max(x: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:
+    """softmax 的无检查内核：m = x 沿 dim 的最大值（有限或 -inf），全 -inf 的行输出 0。
+
+    Args:
+        x: float tensor; ``dim`` a normalised (non-negative) axis of a tensor with >= 1 axis.
+        m: ``x.amax(dim, keepdim=True)``, already checked (no nan, no +inf).
+        dim: the axis.
+
+    Returns:
+        Proportions of ``x``'s shape and dtype (float16 / bfloat16 computed in float32).
+    """
+    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
+    dead = torch.isneginf(m)  # (...,1,...): rows that may see nothing
+    if bool(dead.any()):
+        x = x.masked_fill(dead, 0.0)  # a finite row, so that softmax (and its gradient) has no nan
+        return torch.softmax(x, dim, dtype=work).masked_fill(dead, 0.0).to(x.dtype)  # dead rows -> 0
+    return torch.softmax(x, dim, dtype=work).to(x.dtype)

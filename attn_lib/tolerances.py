@@ -1,4 +1,4 @@
-"""全书唯一一处容差表：每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
+"""第 4–8、11 章与全部测试共用：全书唯一一处容差表：每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
 
 Every test and every notebook that compares a path (numpy, tiled CPU, fused multi-head,
 Triton) with the float64 reference takes its tolerance from here, so a reader can see in
@@ -9,6 +9,10 @@ one place how close "equal" is for each precision.
 - ``FLASH_ERROR_RATIO``: the rule flash-attn's tests use for low precision: the fast path's
   max error against the float64 reference may be at most this many times the max error of a
   naive path computed in the same low precision (plus ``FLASH_ERROR_FLOOR`` for ties at 0).
+- ``LSE_ATOL[dtype]``: absolute tolerance of a path's log-sum-exp (B, H, L) against the
+  float64 one computed from the unrounded float64 inputs (so the 16-bit rows include the
+  rounding of q and k to that precision).
+- ``FLOAT32_ATOL``: the absolute bound a float32 output must also meet under the flash rule.
 """
 from __future__ import annotations
 
@@ -26,6 +30,27 @@ TOLERANCES: dict[str, dict[str, float]] = {
 
 FLASH_ERROR_RATIO = 2.0
 FLASH_ERROR_FLOOR = 1e-5
+FLOAT32_ATOL = 1e-5
+
+# dtype name -> atol for log-sum-exp values against float64 (inputs rounded to the dtype).
+LSE_ATOL: dict[str, float] = {
+    "float64": 1e-12,
+    "float32": 1e-4,
+    "float16": 3e-2,
+    "bfloat16": 3e-2,
+}
+
+
+def lse_atol(dtype: Any) -> float:
+    """取某个精度下 log-sum-exp 的绝对容差（见 LSE_ATOL）。
+
+    Args:
+        dtype: a torch or numpy floating dtype, or its name.
+    """
+    name = dtype_name(dtype)
+    if name not in LSE_ATOL:
+        raise KeyError(f"no log-sum-exp tolerance for dtype {name}; known: {sorted(LSE_ATOL)}")
+    return LSE_ATOL[name]
 
 
 def dtype_name(dtype: Any) -> str:

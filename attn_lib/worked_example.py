@@ -1,4 +1,4 @@
-"""主走查的数据，全书唯一来源：「桌上有一杯水和一本书，它被打翻了」。
+"""第 1–8、11 章共用（主走查）：主走查的数据，全书唯一来源：「桌上有一杯水和一本书，它被打翻了」。
 
 The query of 「它」 and the keys and values of 水, 书, 打翻, exactly as the source chapter
 makes them up (4 numbers each, invented for the demonstration, not a real model's values).
@@ -11,7 +11,6 @@ notebooks recompute every one of them and show where exact arithmetic differs.
 from __future__ import annotations
 
 SENTENCE = "桌上有一杯水和一本书，它被打翻了。"
-QUESTION = "请问被打翻的是什么？"
 QUERY_TOKEN = "它"
 KEY_TOKENS = ("水", "书", "打翻")
 

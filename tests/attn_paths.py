@@ -1,25 +1,30 @@
-"""Every attention path behind one calling convention, plus hypothesis strategies for cases.
+"""The one module of shared test inputs: every attention path behind one calling convention,
+hypothesis strategies for cases, and the float64 references.
 
-Used by test_properties.py, test_edges.py and test_bad_input.py. A *path* takes torch
-tensors q (B,H,L,D), k (B,H,S,D), v (B,H,S,Dv), an optional mask, ``causal`` and ``scale``
-and returns the output (B,H,L,Dv) as a torch tensor in the input dtype. The float64 oracle
-is ``attn_lib.attention`` computed on the same (already rounded) inputs cast to float64.
+Used by test_properties.py, test_edges.py, test_bad_input.py and (through flash_cases.py)
+the FlashAttention tests. A *path* takes torch tensors q (B,H,L,D), k (B,H,S,D),
+v (B,H,S,Dv), an optional mask, ``causal`` and ``scale`` and returns the output (B,H,L,Dv)
+as a torch tensor in the input dtype. The float64 oracle is ``attn_lib.attention``
+computed on the same (already rounded) inputs cast to float64.
 
-Paths that other issues add (multi-head module, tiled CPU FlashAttention, Triton under the
-interpreter) are registered only when attn_lib exports them, so this file works at every
-stage of the project; ``MISSING_PATHS`` lists what was not found.
+The registry is unconditional: a path whose export disappears fails at import, it is not
+silently dropped. A path that needs an optional package (Triton) is still registered and
+its tests skip, with the reason, when the package is missing: use ``path_params``.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import pytest
 import torch
 from hypothesis import strategies as st
 
 import attn_lib
 from attn_lib import numpy_ref
+from attn_lib.flash_torch import flash_attention_torch
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -143,6 +148,7 @@ class Path:
     blocks: Any = None  # strategy for block_m / block_n, for paths that take them
     with_lse: Callable | None = None  # same arguments -> (output, log-sum-exp (B, H, L))
     notes: str = ""
+    requires: str | None = None  # an optional package the path needs ("triton")
 
 
 def _torch_reference(q, k, v, mask, causal, scale):
@@ -155,53 +161,55 @@ def _numpy_reference(q, k, v, mask, causal, scale):
     return torch.from_numpy(out)
 
 
+def _tiled(q, k, v, mask, causal, scale, **blocks):
+    return flash_attention_torch(q, k, v, causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+
+
+def _auto(q, k, v, mask, causal, scale):
+    return attn_lib.flash_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=mask)
+
+
+def _triton(q, k, v, mask, causal, scale, **blocks):
+    # On CPU tensors attn_lib.flash runs the kernel under Triton's interpreter.
+    return attn_lib.flash_attention_triton(q, k, v, causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+
+
 PATHS: dict[str, Path] = {
     "torch_reference": Path("torch_reference", _torch_reference,
                             ("float64", "float32", "float16", "bfloat16"), ("none", "bool", "additive")),
     "numpy_reference": Path("numpy_reference", _numpy_reference,
                             ("float64", "float32", "float16"), ("none", "bool", "additive"),
                             notes="numpy has no bfloat16"),
+    "tiled_cpu_flash": Path(
+        "tiled_cpu_flash", lambda *a, **kw: _tiled(*a, **kw)[0], ("float64", "float32", "float16", "bfloat16"),
+        ("none", "key_padding"), blocks=st.one_of(st.integers(2, 40), st.sampled_from([None, 1, 16, 64])),
+        with_lse=_tiled, notes="attn_lib.flash_torch.flash_attention_torch, random block sizes"),
+    "flash_attention": Path(
+        "flash_attention", _auto, ("float64", "float32", "float16", "bfloat16"), ("none", "key_padding"),
+        notes="the public entry, backend='auto' (on CPU tensors: the tiled torch path, default blocks)"),
+    "triton_interpreter": Path(
+        "triton_interpreter", lambda *a, **kw: _triton(*a, **kw)[0], ("float32", "float16", "bfloat16"),
+        ("none", "key_padding"), max_len=34, max_d=9, blocks=st.sampled_from([None, 16, 32]), with_lse=_triton,
+        notes="Triton kernel under the interpreter: small L, S, D", requires="triton"),
 }
 
-MISSING_PATHS: list[str] = []
+
+def _missing(requires: str | None) -> str | None:
+    if requires == "triton" and importlib.util.find_spec("triton") is None:
+        return "the optional triton package is not installed (pip install -e '.[triton]')"
+    return None
 
 
-def _register_flash_paths() -> None:
-    try:
-        from attn_lib.flash_torch import flash_attention_torch
-    except ImportError:
-        MISSING_PATHS.append("tiled_cpu_flash")
-    else:
-        def tiled(q, k, v, mask, causal, scale, **blocks):
-            return flash_attention_torch(q, k, v, causal=causal, scale=scale, key_padding_mask=mask, **blocks)
-
-        PATHS["tiled_cpu_flash"] = Path(
-            "tiled_cpu_flash", lambda *a, **kw: tiled(*a, **kw)[0], ("float64", "float32", "float16", "bfloat16"),
-            ("none", "key_padding"), blocks=st.one_of(st.integers(2, 40), st.sampled_from([None, 1, 16, 64])),
-            with_lse=tiled, notes="attn_lib.flash_torch.flash_attention_torch, random block sizes")
-    if not hasattr(attn_lib, "flash_attention"):
-        MISSING_PATHS.extend(["flash_attention", "triton_interpreter"])
-        return
-
-    def auto(q, k, v, mask, causal, scale):
-        return attn_lib.flash_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=mask)
-
-    PATHS["flash_attention"] = Path(
-        "flash_attention", auto, ("float64", "float32", "float16", "bfloat16"), ("none", "key_padding"),
-        notes="the public entry, backend='auto' (on CPU tensors: the tiled torch path, default blocks)")
-
-    def triton(q, k, v, mask, causal, scale, **blocks):
-        # On CPU tensors attn_lib.flash runs the kernel under TRITON_INTERPRET=1 (it sets the
-        # variable itself while it imports and launches its interpreted copy of the kernel).
-        return attn_lib.flash_attention_triton(q, k, v, causal=causal, scale=scale, key_padding_mask=mask, **blocks)
-
-    PATHS["triton_interpreter"] = Path(
-        "triton_interpreter", lambda *a, **kw: triton(*a, **kw)[0], ("float32", "float16", "bfloat16"),
-        ("none", "key_padding"), max_len=34, max_d=9, blocks=st.sampled_from([None, 16, 32]), with_lse=triton,
-        notes="Triton kernel under the interpreter: small L, S, D")
-
-
-_register_flash_paths()
+def path_params(names) -> list:
+    """pytest parameters for path names (or tuples starting with one): a path whose optional
+    package is missing is skipped with the reason, never an ImportError."""
+    params = []
+    for item in names:
+        name = item[0] if isinstance(item, tuple) else item
+        why = _missing(PATHS[name].requires) if name in PATHS else None
+        values = item if isinstance(item, tuple) else (item,)
+        params.append(pytest.param(*values, marks=pytest.mark.skipif(why is not None, reason=why or "")))
+    return params
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,25 +294,21 @@ def _self_attention_forward(layer, xq, xk, xv, mask):
         return layer(xq, mask=mask)
 
 
-MODULES: dict[str, ModulePath] = {}
-if hasattr(attn_lib, "MultiHeadAttention"):
-    MODULES["multihead"] = ModulePath(
+MODULES: dict[str, ModulePath] = {
+    "multihead": ModulePath(
         "multihead",
         lambda c: _seeded_(attn_lib.MultiHeadAttention(c.H * c.D, c.H, is_causal=c.causal), c.seed, c.torch_dtype),
-        _mha_forward, _mha_reference64)
-else:
-    MISSING_PATHS.append("multihead")
-if hasattr(attn_lib, "LoopedMultiHeadAttention"):
-    MODULES["multihead_looped"] = ModulePath(
+        _mha_forward, _mha_reference64),
+    "multihead_looped": ModulePath(
         "multihead_looped",
         lambda c: attn_lib.LoopedMultiHeadAttention.from_fused(MODULES["multihead"].build(c)),
-        _mha_forward, lambda layer, *a: _mha_reference64(_looped_as_fused(layer), *a))
-if hasattr(attn_lib, "SelfAttention"):
-    MODULES["self_attention"] = ModulePath(
+        _mha_forward, lambda layer, *a: _mha_reference64(_looped_as_fused(layer), *a)),
+    "self_attention": ModulePath(
         "self_attention",
         lambda c: _seeded_(attn_lib.SelfAttention(c.H * c.D, c.D, c.Dv, bias=True, is_causal=c.causal),
                            c.seed, c.torch_dtype),
-        _self_attention_forward, _self_attention_reference64, cross=False, heads=False)
+        _self_attention_forward, _self_attention_reference64, cross=False, heads=False),
+}
 
 
 def module_inputs(case: Case, mode: str, magnitude: float = 1.0):
@@ -334,19 +338,46 @@ def run_path_with_lse(path: Path, case: Case, q, k, v, mask):
     return path.with_lse(q, k, v, mask, case.causal, case.scale, **_block_kwargs(path, case))
 
 
-def lse64(case: Case, q, k, v, mask) -> torch.Tensor:
-    """float64 log Σ_j exp(scale · q·k_j) over the keys each query may see (B, H, L); -inf if none."""
-    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.D)
+def logsumexp64(q, k, mask, causal: bool, scale: float | None = None) -> torch.Tensor:
+    """float64 log Σ_j exp(scale · q·k_j) over the keys each query may see (B, H, L); -inf if none.
+
+    ``mask``: None or a bool / additive mask broadcastable to (B, H, L, S)."""
+    D = q.shape[-1]
+    scale = scale if scale is not None else 1.0 / math.sqrt(D)
     logits = (q.double() @ k.double().transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
-    m = reference_mask(case, mask)
-    if m is not None:
-        logits = logits.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else logits + m.double()
-    if case.causal:
-        logits = logits.masked_fill(~attn_lib.causal_mask(case.L, case.S), float("-inf"))  # (B,H,L,S)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.double()
+    if causal:
+        logits = logits.masked_fill(~attn_lib.causal_mask(q.shape[2], k.shape[2]), float("-inf"))  # (B,H,L,S)
     return torch.logsumexp(logits, dim=-1)  # (B,H,L,S) -> (B,H,L)
 
 
-def all_path_names() -> list[str]:
-    return list(PATHS)
+def lse64(case: Case, q, k, v, mask) -> torch.Tensor:
+    """float64 log-sum-exp of a case (B, H, L); -inf for a query that sees no key."""
+    return logsumexp64(q, k, reference_mask(case, mask), case.causal, case.scale)
 
 
+# ---------------------------------------------------------------------------------------------
+# Fixed FlashAttention inputs (test_flash_torch.py, test_flash_triton.py, through flash_cases.py)
+# ---------------------------------------------------------------------------------------------
+def flash_inputs(B, H, L, S, D, Dv=None, *, seed=0, padding=False):
+    """float64 q, k, v and an optional key padding mask (B, S) (True = key present) with the
+    two hard cases: query 0 of sequence 0 sees nothing under causal, the last sequence has no keys."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, D, generator=gen, dtype=torch.float64)
+    k = torch.randn(B, H, S, D, generator=gen, dtype=torch.float64)
+    v = torch.randn(B, H, S, Dv or D, generator=gen, dtype=torch.float64)
+    kpm = None
+    if padding:
+        kpm = torch.rand(B, S, generator=gen) > 0.3  # True = key present
+        kpm[0, 0] = False  # with causal, query 0 of sequence 0 then sees nothing
+        if B > 1:
+            kpm[-1] = False  # a sequence with no keys at all
+    return q, k, v, kpm
+
+
+def flash_reference(q, k, v, kpm, causal, scale=None):
+    """float64 output (B, H, L, Dv) and log-sum-exp (B, H, L) for a key padding mask (B, S)."""
+    mask = None if kpm is None else kpm[:, None, None, :]  # (B,S) -> (B,1,1,S)
+    out, _ = attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)
+    return out, logsumexp64(q, k, mask, causal, scale)  # (B,H,L,Dv), (B,H,L)

@@ -20,7 +20,7 @@ import attn_lib
 from attn_lib import numpy_ref
 from attn_lib.tolerances import assert_close
 
-from attn_paths import MODULES, PATHS, Case, make_inputs, module_inputs, reference64, run_path
+from attn_paths import MODULES, PATHS, Case, make_inputs, module_inputs, path_params, reference64, run_path
 
 PATH_NAMES = list(PATHS)
 MODULE_NAMES = list(MODULES)
@@ -51,7 +51,7 @@ def _dtype_params(names_for):
 # ---------------------------------------------------------------------------------------------
 # Magnitudes
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,dtype", _dtype_params(lambda d: _paths(d) if d != "float64" else []))
+@pytest.mark.parametrize("name,dtype", path_params(_dtype_params(lambda d: _paths(d) if d != "float64" else [])))
 @pytest.mark.parametrize("causal", [False, True])
 def test_huge_inputs_give_one_hot_rows(name, dtype, causal):
     """q, k ~ 1e4: scores ~ 1e8 * D, finite in float32 (float16 inputs of 1e4 still fit, their
@@ -65,7 +65,7 @@ def test_huge_inputs_give_one_hot_rows(name, dtype, causal):
     assert_close(out, reference64(case, q, k, v, None), dtype=dtype, what=f"{name} at 1e4")
 
 
-@pytest.mark.parametrize("name", _paths("float16"))
+@pytest.mark.parametrize("name", path_params(_paths("float16")))
 def test_float16_scores_beyond_65504_do_not_overflow(name):
     """Each product q_d * k_d fits float16 (|x| <= 200 -> products <= 40000) but their sum over
     D = 16 reaches ~6e5 > 65504: with float32 sums the output is finite and right."""
@@ -80,8 +80,8 @@ def test_float16_scores_beyond_65504_do_not_overflow(name):
     assert_close(out, reference64(case, q, k, v, None), dtype="float16", what=f"{name}: large float16 scores")
 
 
-@pytest.mark.parametrize("name,dtype", [(n, d) for d, n_keys in (("float16", 2100), ("bfloat16", 300))
-                                        for n in _paths(d)])
+@pytest.mark.parametrize("name,dtype", path_params([(n, d) for d, n_keys in (("float16", 2100), ("bfloat16", 300))
+                                        for n in _paths(d)]))
 def test_low_precision_sums_are_float32(name, dtype):
     """Equal scores over S keys: every weight is 1/S and the output is the mean value (1.0).
     A softmax denominator summed in float16 sticks at 2048 (bfloat16: 256) and would give ~S/2048."""
@@ -95,7 +95,7 @@ def test_low_precision_sums_are_float32(name, dtype):
     assert_close(out, torch.ones(out.shape, dtype=torch.float64), dtype=dtype, what=f"{name}: mean of {S} ones")
 
 
-@pytest.mark.parametrize("name,dtype", _dtype_params(lambda d: _paths(d) if d != "float16" else []))
+@pytest.mark.parametrize("name,dtype", path_params(_dtype_params(lambda d: _paths(d) if d != "float16" else [])))
 def test_tiny_inputs(name, dtype):
     """q, k, v ~ 1e-30 (normal in float32/bfloat16): scores underflow to 0, weights are uniform,
     the output is the mean of v at the 1e-30 scale, with the dtype's relative tolerance."""
@@ -107,7 +107,7 @@ def test_tiny_inputs(name, dtype):
     assert_close(out.double() * 1e30, ref * 1e30, dtype=dtype, what=f"{name} at 1e-30 (scaled by 1e30)")
 
 
-@pytest.mark.parametrize("name,dtype", _dtype_params(_paths))
+@pytest.mark.parametrize("name,dtype", path_params(_dtype_params(_paths)))
 def test_equal_scores_give_uniform_weights(name, dtype):
     """Every key identical: all scores of a row are equal, the weights 1/S, the output mean(v)."""
     case = _case(name, dtype=dtype)
@@ -153,8 +153,8 @@ def _dead_row_inputs(name, dtype, kind):
     return case, q, k, v, mask, dead
 
 
-@pytest.mark.parametrize("name,dtype,kind", [(n, d, kd) for d in ("float32", "float16", "bfloat16")
-                                             for n in _paths(d) for kd in PATHS[n].mask_kinds if kd != "none"])
+@pytest.mark.parametrize("name,dtype,kind", path_params([(n, d, kd) for d in ("float32", "float16", "bfloat16")
+                                             for n in _paths(d) for kd in PATHS[n].mask_kinds if kd != "none"]))
 def test_fully_masked_rows_are_zero(name, dtype, kind):
     case, q, k, v, mask, dead = _dead_row_inputs(name, dtype, kind)
     out = run_path(PATHS[name], case, q, k, v, mask)
@@ -163,7 +163,7 @@ def test_fully_masked_rows_are_zero(name, dtype, kind):
     assert_close(out, reference64(case, q, k, v, mask), dtype=dtype, what=f"{name} with fully masked rows")
 
 
-@pytest.mark.parametrize("name", sorted(set(_paths(mask_kind="bool")) | set(_paths(mask_kind="key_padding"))))
+@pytest.mark.parametrize("name", path_params(sorted(set(_paths(mask_kind="bool")) | set(_paths(mask_kind="key_padding")))))
 def test_fully_masked_row_by_mask_and_causal(name):
     """Causal alone never hides all keys (query 0 sees key 0); with key 0 also masked out, it does."""
     kind = "bool" if "bool" in PATHS[name].mask_kinds else "key_padding"
@@ -194,7 +194,7 @@ def test_fully_masked_scores_are_zero(lib):
 # ---------------------------------------------------------------------------------------------
 # nan / inf in the input: every path raises
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", PATH_NAMES)
+@pytest.mark.parametrize("name", path_params(PATH_NAMES))
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "+inf", "-inf"])
 def test_nan_or_inf_input_raises(name, where, bad):
@@ -206,7 +206,7 @@ def test_nan_or_inf_input_raises(name, where, bad):
         run_path(PATHS[name], case, q, k, v, None)
 
 
-@pytest.mark.parametrize("name", _paths(mask_kind="additive"))
+@pytest.mark.parametrize("name", path_params(_paths(mask_kind="additive")))
 @pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "+inf"])
 def test_nan_or_plus_inf_in_additive_mask_raises(name, bad):
     case = _case(name, mask_kind="additive", mask_shape=(9, 11))
@@ -220,7 +220,7 @@ def test_nan_or_plus_inf_in_additive_mask_raises(name, bad):
 # ---------------------------------------------------------------------------------------------
 # Empty sequences
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", PATH_NAMES)
+@pytest.mark.parametrize("name", path_params(PATH_NAMES))
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_queries_gives_empty_output(name, causal):
     case = _case(name, L=0, causal=causal)
@@ -229,7 +229,7 @@ def test_no_queries_gives_empty_output(name, causal):
     assert out.shape == (case.B, case.H, 0, case.Dv) and out.dtype == q.dtype
 
 
-@pytest.mark.parametrize("name", PATH_NAMES)
+@pytest.mark.parametrize("name", path_params(PATH_NAMES))
 @pytest.mark.parametrize("causal", [False, True])
 def test_no_keys_gives_zeros(name, causal):
     case = _case(name, S=0, causal=causal)

@@ -1,15 +1,18 @@
 """Every chapter's exercises: the reference answer passes, a wrong answer fails."""
+from pathlib import Path
+
 import pytest
 
 from attn_lib.exercises import all_exercises, check
 
+ROOT = Path(__file__).resolve().parents[1]  # paths from the repository root, whatever the working directory
 EXERCISES = all_exercises()
 
 
 def test_every_chapter_has_exercises():
-    import glob, os
-
-    chapters = sorted(os.path.basename(p)[:2] for p in glob.glob("chapters/[0-9][0-9]_*.ipynb"))
+    chapters = sorted(p.name[:2] for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    assert chapters, f"no chapters/NN_*.ipynb under {ROOT}: the test would check nothing"
+    assert EXERCISES, "no exercises registered: the parametrized test below would collect nothing"
     have = {ex_id.split("-")[0] for ex_id in EXERCISES}
     missing = [c for c in chapters if c not in have]
     assert not missing, f"chapters without registered exercises: {missing}"

@@ -59,7 +59,7 @@ def test_padding_mask_hides_padded_keys_in_attention(rng):
 @pytest.mark.parametrize("bad,exc,pattern", [
     ([3, 5], ValueError, "exceeds the padded length S=4"),
     ([-1], ValueError, ">= 0"),
-    ([1.5], ValueError, "ints"),
+    ([1.5], TypeError, "ints"),
     ([], ValueError, "empty"),
 ])
 def test_padding_mask_errors(bad, exc, pattern):

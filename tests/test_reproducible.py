@@ -4,7 +4,8 @@ The main `pytest` run (pyproject's addopts include --nbval) is the first nbval p
 chapters/*.ipynb; the tests here run nbval twice more in fresh subprocesses, with torch,
 OpenMP and MKL limited to 1 and then 2 threads (torch reads OMP_NUM_THREADS when it starts,
 and the notebook kernels inherit the environment). They also check that running the
-notebooks leaves the committed files untouched.
+notebooks leaves the committed files untouched. A fast test checks the library's own numbers
+(attention, tiled FlashAttention, multi-head, softmax) under 1 and 2 threads.
 
 They take a few minutes, so they carry the `slow` marker: `make test` runs them, a quick
 local run can skip them with `-m "not slow"`.
@@ -37,12 +38,37 @@ def _digest(paths) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
-def test_torch_honours_the_thread_variables():
-    """The variables this file sets do reach torch in a fresh process (and so in a kernel)."""
+# Every library path the chapters print from, on fixed seeds; the numbers printed the way the
+# notebooks print them (rounded). Run in a fresh process per thread count.
+_PROJECT_NUMBERS = r"""
+import torch, attn_lib
+gen = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(2, 3, 37, 16, generator=gen) for _ in range(3))  # (B,H,L,D)
+out, scores = attn_lib.attention(q, k, v, is_causal=True)
+tiled, lse = attn_lib.flash_attention_torch(q, k, v, causal=True, block_m=8, block_n=5)
+layer = attn_lib.MultiHeadAttention(48, 3)
+for p in layer.parameters():
+    torch.nn.init.normal_(p, std=0.1, generator=gen)
+x = torch.randn(2, 37, 48, generator=gen)  # (B,L,C)
+mha, w = layer(x, need_weights=True)
+print(torch.get_num_threads())
+for t in (out, scores, tiled, lse, mha, w, attn_lib.softmax(q)):
+    print([round(float(a), 4) for a in t.flatten()[::97]])
+"""
+
+
+def test_project_numbers_do_not_depend_on_the_thread_count():
+    """The library's outputs, rounded as the notebooks print them, are the same with 1 and 2 threads
+    (and the thread variables this file sets do reach torch in a fresh process, as in a kernel)."""
+    runs = {}
     for threads in (1, 2):
-        r = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
-                           env=_env(threads), capture_output=True, text=True, timeout=120, check=True)
-        assert r.stdout.strip() == str(threads)
+        r = subprocess.run([sys.executable, "-c", _PROJECT_NUMBERS], env=_env(threads), capture_output=True,
+                           text=True, timeout=300, check=True)
+        first, *numbers = r.stdout.splitlines()
+        assert first == str(threads), f"torch runs {first} threads, the environment asked for {threads}"
+        assert len(numbers) == 7 and all(len(line) > 10 for line in numbers)
+        runs[threads] = numbers
+    assert runs[1] == runs[2], "printed numbers differ between 1 and 2 threads"
 
 
 @pytest.mark.slow
