@@ -43,6 +43,15 @@ def _looped_reference(layer, x, causal):
     return layer.out_proj(torch.cat(outs, -1))
 
 
+def _rope_reference(x, base=10000.0):
+    """Rotary embedding written out: channel pair (2i, 2i+1) at position m turns by m·base^(-2i/D)."""
+    B, H, L, D = x.shape
+    angle = torch.arange(L, dtype=torch.float64)[:, None] * base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    c, s = torch.cos(angle), torch.sin(angle)  # (L,D/2)
+    even, odd = x[..., 0::2], x[..., 1::2]  # (B,H,L,D/2)
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).reshape(B, H, L, D)
+
+
 def _self_reference(layer, x, causal):
     return _sdpa(layer.w_q(x)[:, None], layer.w_k(x)[:, None], layer.w_v(x)[:, None], causal=causal)[:, 0]
 
@@ -80,6 +89,7 @@ AUTOGRAD = {
     "dot_all": (lambda: (_r(3, 4), _r(5, 4, seed=1)), lambda Q, K: attn_lib.dot_all(Q, K), lambda Q, K: Q @ K.T),
     "euclidean_distance": (lambda: (_r(3, 4), _r(5, 4, seed=1)), lambda Q, K: attn_lib.euclidean_distance(Q, K),
                            lambda Q, K: torch.cdist(Q, K)),
+    "apply_rotary": (lambda: (_r(2, 2, 5, 6),), lambda x: attn_lib.apply_rotary(x), _rope_reference),
     "soft_lookup": (lambda: (torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64, requires_grad=True), _r(3, 2)),
                     lambda w, v: attn_lib.soft_lookup(w, v), lambda w, v: w @ v),
 }
@@ -100,6 +110,7 @@ NOT_DIFFERENTIABLE = {
     "additive_to_bool": "returns a bool tensor: nothing differentiable to drop",
     "assert_close": "a test helper, returns None",
     "count_parameters": "returns an int",
+    "sinusoidal_positions": "builds a table from sizes",
 }
 
 # Exported callables without tensor inputs.
@@ -107,7 +118,9 @@ NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tol
               "flash_attention_io", "tiled_attention_io", "IOCounter"}
 
 # Owned by the FlashAttention backward (issue 10): made differentiable there, audited by its tests.
-OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton"}
+OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
+                   "flash_attention_backward_torch", "flash_attention_triton_backward",  # compute gradients
+                   "KVCache"}  # a container for generation: tests/test_positions_cache.py
 
 
 def _public_callables() -> set[str]:
@@ -167,11 +180,12 @@ def test_non_differentiable_outputs_say_so(name):
         "additive_to_bool": lambda: attn_lib.additive_to_bool(x),
         "assert_close": lambda: attn_lib.assert_close(x.detach()[:1], torch.zeros(1)),
         "count_parameters": lambda: attn_lib.count_parameters(attn_lib.SelfAttention(2)),
+        "sinusoidal_positions": lambda: attn_lib.sinusoidal_positions(4, 6),
     }
     out = calls[name]()
     if isinstance(out, torch.Tensor):
         assert not out.requires_grad  # built from sizes or a bool mask, or a bool result
-        assert out.dtype == torch.bool or name == "bool_to_additive"
+        assert out.dtype == torch.bool or name in ("bool_to_additive", "sinusoidal_positions")
     else:
         assert out is None or isinstance(out, int)
 
