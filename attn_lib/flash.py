@@ -296,13 +296,12 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         key gets zero gradients.
 
     Raises:
-        ValueError: ``scale`` is a tensor that requires grad, or ``key_padding_mask`` requires
-            grad (neither is differentiable), or a score overflows to +inf.
+        TypeError: ``scale`` is a tensor that requires grad (not differentiable).
+        ValueError: ``key_padding_mask`` requires grad (not differentiable), or a score
+            overflows to +inf.
     """
-    from .flash_torch import check_scale_not_differentiable
-
     which = choose_backend(q, backend)
-    check_scale_not_differentiable(scale)  # (a key_padding_mask that requires grad is refused by the forward)
+    check_scale(scale)  # (a key_padding_mask that requires grad is refused by the forward)
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if needs_grad:
         return FlashAttentionFunction.apply(q, k, v, causal, scale, key_padding_mask, which)

@@ -83,20 +83,6 @@ def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
         raise ValueError(f"key_padding_mask is on {key_padding_mask.device} but q is on {device}")
 
 
-def check_scale_not_differentiable(scale) -> None:
-    """检查 scale：它不可求导，所以不接受 requires_grad=True 的张量（否则梯度会被悄悄丢掉）。
-
-    Args:
-        scale: None, a number, or a tensor that does not require grad.
-    """
-    if isinstance(scale, torch.Tensor) and scale.requires_grad:
-        raise ValueError(
-            "scale is a tensor that requires grad, but the attention paths take scale as a fixed number and "
-            "do not differentiate with respect to it (its gradient would be silently dropped); pass "
-            "float(scale) or scale.detach(), or fold a learned scale into q (q * s) before the call"
-        )
-
-
 def check_no_grad_needed(fn_name: str, *tensors) -> None:
     """前向专用函数的检查：需要梯度的输入会被拒绝，并指出该用哪个可求导的函数。"""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
@@ -137,10 +123,9 @@ def naive_attention(q, k, v, *, causal: bool = False, scale: float | None = None
         (plain autograd through the full matrix; a row that sees no key gets zero gradients).
 
     Raises:
-        ValueError: a score overflows to +inf in q's dtype, or ``scale`` is a tensor that
-            requires grad (not differentiable).
+        ValueError: a score overflows to +inf in q's dtype.
+        TypeError: ``scale`` is a tensor that requires grad (not differentiable).
     """
-    check_scale_not_differentiable(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     check_bool("causal", causal)
@@ -193,7 +178,6 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
         ValueError: a score overflows to +inf in the working dtype (float32, or float64);
             q, k or v requires grad while grad mode is on; ``scale`` requires grad.
     """
-    check_scale_not_differentiable(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_no_grad_needed("flash_attention_torch", q, k, v)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
@@ -378,7 +362,6 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
         ``(dq, dk, dv)`` with the shapes and dtypes of q, k, v. Computed without building a
         graph (no gradients of gradients).
     """
-    check_scale_not_differentiable(scale)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     check_bool("causal", causal)
@@ -451,5 +434,5 @@ def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale,
 
 
 __all__ = ["flash_attention_torch", "flash_attention_backward_torch", "naive_attention", "check_key_padding_mask",
-           "check_scale_not_differentiable", "overflow_error", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N",
+           "overflow_error", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N",
            "DEFAULT_BWD_BLOCK_M", "DEFAULT_BWD_BLOCK_N"]

@@ -297,6 +297,15 @@ if hasattr(attn_lib, "flash_attention"):
          TypeError, r"float16, bfloat16 or float32; for float64 use backend='torch'"),
         ("flash_attention_triton: head dim > 256", fa(t(1, 1, 2, 300), t(1, 1, 2, 300), t(1, 1, 2, 4), fn=attn_lib.flash_attention_triton),
          ValueError, r"head dims up to 256, got D=300"),
+        ("flash_attention_backward_torch: dout of the wrong shape",
+         lambda: attn_lib.flash_attention_backward_torch(Q, Q, Q, Q, t(1, 1, 3), t(1, 1, 3, 5)), ValueError,
+         r"dout must have shape \(1, 1, 3, 4\)"),
+        ("flash_attention_backward_torch: lse of the wrong shape",
+         lambda: attn_lib.flash_attention_backward_torch(Q, Q, Q, Q, t(1, 3), Q), ValueError,
+         r"lse must have shape \(1, 1, 3\)"),
+        ("flash_attention_triton_backward: block_m not a power of 2",
+         lambda: attn_lib.flash_attention_triton_backward(Q, Q, Q, Q, t(1, 1, 3), Q, block_m=24), ValueError,
+         r"block_m must be a power of two >= 16"),
         ("naive_attention: causal not bool", fa(Q, Q, Q, fn=attn_lib.naive_attention, causal="yes"), TypeError,
          r"causal must be True or False, got 'yes'"),
         ("naive_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4), fn=attn_lib.naive_attention), ValueError, r"k has S=3, v has S=2"),
@@ -338,7 +347,9 @@ def test_bad_input_gives_clear_error(row):
 def test_every_public_function_has_a_row():
     """Each callable that attn_lib exports (and numpy_ref / plotting's public plotting
     functions) appears in the table."""
-    ids = " ".join(r[0] for r in ROWS)
+    from test_positions_cache import BAD_INPUT_ROWS as chapter10_rows  # run in that file, counted here
+
+    ids = " ".join(r[0] for r in ROWS + chapter10_rows)
     public = [n for n in attn_lib.__all__ if callable(getattr(attn_lib, n)) and not isinstance(getattr(attn_lib, n), dict)]
     exempt = {"cuda_available", "default_device", "try_gpu", "assert_close", "count_parameters",
               "IOCounter"}  # nothing to get wrong / a tally with no inputs to check
@@ -347,8 +358,3 @@ def test_every_public_function_has_a_row():
     missing += [n for n in ("show_heatmap", "show_heatmaps", "bar_scores") if f"{n}:" not in ids]
     assert not missing, f"no bad-input row for: {missing}"
 
-
-# --- issue 11: its rows live (and run) in tests/test_positions_cache.py; counted here too ---
-from test_positions_cache import BAD_INPUT_ROWS as _ISSUE11_ROWS  # noqa: E402
-
-ROWS = ROWS + _ISSUE11_ROWS  # a new list: the parametrized test above keeps its own rows

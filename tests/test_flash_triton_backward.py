@@ -246,7 +246,7 @@ BAD = [  # (id, call, exception, message regex)
     ("scale string", bwd(Q, Q, Q, OUT, LSE, OUT, scale="0.5"), TypeError, r"scale must be a positive number"),
     ("scale negative", bwd(Q, Q, Q, OUT, LSE, OUT, scale=-1.0), ValueError, r"scale must be finite and > 0"),
     ("block_m 24", bwd(Q, Q, Q, OUT, LSE, OUT, block_m=24), ValueError, r"block_m must be a power of two >= 16"),
-    ("block_n float", bwd(Q, Q, Q, OUT, LSE, OUT, block_n=16.0), ValueError, r"block_n must be a positive int"),
+    ("block_n float", bwd(Q, Q, Q, OUT, LSE, OUT, block_n=16.0), TypeError, r"block_n must be a positive int"),
     ("key_padding_mask shape", bwd(Q, Q, Q, OUT, LSE, OUT, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)),
      ValueError, r"key_padding_mask must have shape \(B, S\) = \(1, 3\)"),
     ("key_padding_mask float", bwd(Q, Q, Q, OUT, LSE, OUT, key_padding_mask=torch.ones(1, 3)), TypeError,
