@@ -1,4 +1,4 @@
-"""基准测试的测量结果，随 attn_lib 一起安装（第 08 章读前向的表画图，第 09 章读前向 + 反向的表）。
+"""第 8、9 章（基准测试的测量结果）：随 attn_lib 一起安装，第 08 章读前向的表画图，第 09 章读前向 + 反向的表。
 
 ``bench/cpu.py`` writes its measurements to ``bench/results/cpu.json`` in the repository.
 A copy ships inside the package as ``attn_lib/data/cpu_bench.json`` (``package-data`` in

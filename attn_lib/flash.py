@@ -1,4 +1,4 @@
-"""FlashAttention 的唯一入口（第 08 章前向、第 09 章反向）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
+"""第 8、9 章（FlashAttention 的唯一入口：第 08 章前向、第 09 章反向）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
 
 ``flash_attention(q, k, v, causal=..., scale=..., key_padding_mask=..., backend=...)``
 

@@ -1,4 +1,4 @@
-"""FlashAttention 的 Triton 核函数（第 08 章前向、第 09 章反向）：与 attn_lib/flash_torch.py 同一个算法，一个程序实例算一块。
+"""第 8、9 章（FlashAttention 的 Triton 核函数：第 08 章前向、第 09 章反向）：与 attn_lib/flash_torch.py 同一个算法，一个程序实例算一块。
 
 Do not import this module directly: ``attn_lib.flash.load_kernel()`` imports it after
 ``attn_lib.device.triton_interprets()`` has fixed, once per process, whether Triton runs

@@ -1,4 +1,4 @@
-"""KV 缓存：逐字生成时把算过的键和值存下来，下一步只算新字，服务第 10 章。
+"""第 10 章（KV 缓存）：逐字生成时把算过的键和值存下来，下一步只算新字。
 
 Generating token by token, step t needs the keys and values of positions 0 .. t. They do not
 change once computed (causal attention: an earlier position never sees a later one), so a

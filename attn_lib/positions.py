@@ -1,4 +1,4 @@
-"""位置编码：正余弦位置表和旋转位置编码（RoPE），服务第 10 章。
+"""第 10 章（位置编码）：正余弦位置表和旋转位置编码（RoPE）。
 
 Attention without positions is permutation-equivariant: shuffle the tokens and the outputs
 are shuffled the same way (chapter 11's 我喜欢你 / 你喜欢我). Two standard remedies:
