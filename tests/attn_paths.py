@@ -1,7 +1,7 @@
 """The one module of shared test inputs: every attention path behind one calling convention,
 hypothesis strategies for cases, and the float64 references.
 
-Used by test_properties.py, test_edges.py, test_bad_input.py and (through flash_cases.py)
+Used by test_properties.py, test_edges.py, test_bad_input.py and
 the FlashAttention tests. A *path* takes torch tensors q (B,H,L,D), k (B,H,S,D),
 v (B,H,S,Dv), an optional mask, ``causal`` and ``scale`` and returns the output (B,H,L,Dv)
 as a torch tensor in the input dtype. The float64 oracle is ``attn_lib.attention``
@@ -358,7 +358,7 @@ def lse64(case: Case, q, k, v, mask) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Fixed FlashAttention inputs (test_flash_torch.py, test_flash_triton.py, through flash_cases.py)
+# Fixed FlashAttention inputs (the test_flash_*.py files)
 # ---------------------------------------------------------------------------------------------
 def flash_inputs(B, H, L, S, D, Dv=None, *, seed=0, padding=False):
     """float64 q, k, v and an optional key padding mask (B, S) (True = key present) with the

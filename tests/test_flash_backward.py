@@ -12,7 +12,7 @@ from attn_lib.flash_torch import flash_attention_backward_torch, flash_attention
 from attn_lib.io_model import largest_tensor
 from attn_lib.tolerances import assert_close
 
-from flash_cases import make_inputs
+from attn_paths import flash_inputs as make_inputs
 
 OVERFLOW = "attention scores overflowed to \\+inf"
 

@@ -17,7 +17,7 @@ from attn_lib.flash import flash_attention
 from attn_lib.flash_torch import naive_attention
 from attn_lib.tolerances import assert_flash_rule, max_abs_error
 
-from flash_cases import make_inputs
+from attn_paths import flash_inputs as make_inputs
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),

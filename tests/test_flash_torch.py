@@ -8,7 +8,7 @@ from attn_lib.flash_torch import flash_attention_torch, naive_attention
 from attn_lib.io_model import largest_tensor
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol
 
-from flash_cases import make_inputs, reference
+from attn_paths import flash_inputs as make_inputs, flash_reference as reference
 
 
 def check_lse(lse, lse_ref, atol):

@@ -19,7 +19,7 @@ from attn_lib.flash import OVERFLOW_MESSAGE, flash_attention, flash_attention_tr
 from attn_lib.flash_torch import naive_attention
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol
 
-from flash_cases import make_inputs, reference
+from attn_paths import flash_inputs as make_inputs, flash_reference as reference
 
 # Triton is pinned in requirements.txt, so this always runs. Do not `import triton` here: the
 # first import decides whether Triton interprets, and attn_lib.flash must make that choice.

@@ -17,7 +17,7 @@ import attn_lib
 from attn_lib.flash import flash_attention_triton, flash_attention_triton_backward, load_kernel
 from attn_lib.tolerances import FLASH_ERROR_FLOOR, FLASH_ERROR_RATIO, assert_close, max_abs_error
 
-from flash_cases import make_inputs
+from attn_paths import flash_inputs as make_inputs
 
 # Triton is pinned in requirements.txt, so this always runs (never skipped when installed).
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
