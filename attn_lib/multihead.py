@@ -110,6 +110,17 @@ def _use_kv_cache(cache, self_attention: bool, q, k, v, mask, is_causal: bool):
     return k, v, cache.attention_mask(mask, q.shape[2], is_causal), False
 
 
+def _layer_settings(layer, d_model, num_heads, bias, is_causal, backend, check_finite) -> tuple[int, int]:
+    """两个多头类共用的构造参数检查：设好 head_dim、d_model、num_heads、is_causal、backend、check_finite。"""
+    layer.head_dim = check_divisible(d_model, num_heads)
+    layer.d_model, layer.num_heads = int(d_model), int(num_heads)
+    check_bool("bias", bias)
+    layer.is_causal = check_bool("is_causal", is_causal)
+    layer.backend = check_backend(backend)
+    layer.check_finite = check_bool("check_finite", check_finite)
+    return layer.d_model, layer.num_heads
+
+
 class MultiHeadAttention(nn.Module):
     """多头注意力（融合版）：一个 (3C, C) 的 QKV 投影 + H 个头并行 + 输出投影。
 
@@ -133,13 +144,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False,
                  backend: str = "reference", check_finite: bool = True):
         super().__init__()
-        self.head_dim = check_divisible(d_model, num_heads)
-        self.d_model = d_model = int(d_model)
-        self.num_heads = num_heads = int(num_heads)
-        check_bool("bias", bias)
-        self.is_causal = check_bool("is_causal", is_causal)
-        self.backend = check_backend(backend)
-        self.check_finite = check_bool("check_finite", check_finite)
+        d_model, num_heads = _layer_settings(self, d_model, num_heads, bias, is_causal, backend, check_finite)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # (C) -> (3C) = [q | k | v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # (C) -> (C)
 
@@ -223,13 +228,8 @@ class LoopedMultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False,
                  backend: str = "reference", check_finite: bool = True):
         super().__init__()
-        self.head_dim = D = check_divisible(d_model, num_heads)
-        self.d_model = d_model = int(d_model)
-        self.num_heads = num_heads = int(num_heads)
-        check_bool("bias", bias)
-        self.is_causal = check_bool("is_causal", is_causal)
-        self.backend = check_backend(backend)
-        self.check_finite = check_bool("check_finite", check_finite)
+        d_model, num_heads = _layer_settings(self, d_model, num_heads, bias, is_causal, backend, check_finite)
+        D = self.head_dim
         self.w_q = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_k = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_v = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
