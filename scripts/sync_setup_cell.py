@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/sync_setup_cell.py [chapters/NN_x.ipynb ...]
 
-tests/test_setup_cell.py checks that every chapter starts with the cell verbatim; run this after
+tests/book/test_setup_cell.py checks that every chapter starts with the cell verbatim; run this after
 editing scripts/setup_cell.py, then re-execute the chapters (scripts/run_notebooks.py).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Helpers for the website tests: find the built site, serve it on 127.0.0.1, start Chromium.
 
-Used by tests/test_site.py (in the browser) and tests/test_links.py (static crawl).
+Used by tests/book/test_site.py (in the browser) and tests/book/test_links.py (static crawl).
 The site is ``_build/html`` (``make book`` builds it; ``make test`` builds it before the
 tests); set ``ATTN_BOOK_HTML`` to test a site built elsewhere
 (``jupyter-book build --path-output DIR .`` puts it in ``DIR/_build/html``).

@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _spec = importlib.util.spec_from_file_location("fix_punctuation", ROOT / "scripts" / "fix_punctuation.py")
 fp = importlib.util.module_from_spec(_spec)

@@ -22,7 +22,7 @@ from matplotlib.ft2font import FT2Font  # noqa: E402
 
 from attn_lib import plotting  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

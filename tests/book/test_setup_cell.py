@@ -22,7 +22,7 @@ import nbformat
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 

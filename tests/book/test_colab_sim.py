@@ -31,7 +31,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 # What Colab has preinstalled that the chapters use (torch's CUDA build brings triton there).

@@ -120,7 +120,7 @@ NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tol
 # Owned by the FlashAttention backward (issue 10): made differentiable there, audited by its tests.
 OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
                    "flash_attention_backward_torch", "flash_attention_triton_backward",  # compute gradients
-                   "KVCache"}  # a container for generation: tests/test_positions_cache.py
+                   "KVCache"}  # a container for generation: tests/unit/test_positions_cache.py
 
 
 def _public_callables() -> set[str]:
@@ -132,7 +132,7 @@ def test_every_export_is_classified():
     classified = set().union(*tables)
     assert sum(map(len, tables)) == len(classified), "a name is in two tables"
     missing = _public_callables() - classified
-    assert not missing, f"classify these exports in tests/test_autograd_audit.py: {sorted(missing)}"
+    assert not missing, f"classify these exports in tests/contracts/test_autograd_audit.py: {sorted(missing)}"
     stale = classified - _public_callables()
     assert not stale, f"no longer exported: {sorted(stale)}"
 

@@ -2,7 +2,7 @@
 
 Each row: (id, call, exception type, regex the message must match). The messages name the
 argument and show what was expected and what was found. (This table replaces the former
-tests/test_validation.py; its rows are all here.)
+tests/contracts/test_validation.py; its rows are all here.)
 """
 from __future__ import annotations
 

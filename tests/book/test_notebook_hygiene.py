@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 
 # Raw float reprs (e.g. 0.28000000119209290 from float32 .item()) carry 10+ decimals; only

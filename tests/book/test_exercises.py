@@ -5,7 +5,7 @@ import pytest
 
 from attn_lib.exercises import all_exercises, check
 
-ROOT = Path(__file__).resolve().parents[1]  # paths from the repository root, whatever the working directory
+ROOT = Path(__file__).resolve().parents[2]  # paths from the repository root, whatever the working directory
 EXERCISES = all_exercises()
 
 
@@ -37,7 +37,7 @@ def test_answer_keys_do_not_use_the_library_under_test():
     import ast
     from pathlib import Path
 
-    modules = sorted((Path(__file__).resolve().parents[1] / "attn_lib" / "exercises").glob("ch*.py"))
+    modules = sorted((Path(__file__).resolve().parents[2] / "attn_lib" / "exercises").glob("ch*.py"))
     assert modules, "no exercise modules found"
     for path in modules:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -53,7 +53,7 @@ def test_answer_keys_do_not_use_the_library_under_test():
 def _chapter_notebooks():
     from pathlib import Path
 
-    return sorted((Path(__file__).resolve().parents[1] / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    return sorted((Path(__file__).resolve().parents[2] / "chapters").glob("[0-9][0-9]_*.ipynb"))
 
 
 @pytest.mark.parametrize("path", _chapter_notebooks(), ids=lambda p: p.name)

@@ -498,7 +498,7 @@ def _load_gpu_bench():
     import importlib.util as iu
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpu.py"
     spec = iu.spec_from_file_location("bench_gpu", path)
     bench = iu.module_from_spec(spec)
     spec.loader.exec_module(bench)
