@@ -7,6 +7,7 @@ tested against ``attn_lib.reference.attention`` with the tolerances in
 ``attn_lib.tolerances``. Importing attn_lib never touches CUDA.
 """
 from . import io_model, it_data, numpy_ref, tiny_model, worked_example
+from ._dispatch import BACKENDS
 from .device import cuda_available, default_device, try_gpu
 from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
 from .flash_torch import flash_attention_backward_torch, flash_attention_torch, naive_attention
@@ -35,6 +36,7 @@ __all__ = [
     "TOLERANCES",
     "tolerance",
     "assert_close",
+    "BACKENDS",
     # 第 1 章 字典类比
     "hard_lookup",
     "soft_lookup",

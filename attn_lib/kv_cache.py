@@ -11,15 +11,20 @@ and attends over everything cached::
 
 With ``is_causal=True`` a block of L new queries is the *last* L of the S cached positions, so
 the causal mask is aligned to the bottom-right corner (``causal_mask(L, S, align="bottom-right")``).
+A layer given ``kv_cache=`` checks everything first, attends over the cached keys and its
+own, and stores the new keys and values only once the call succeeded: a call that raised
+leaves the cache as it was. The first layer that uses a cache owns it; another layer is
+refused (its keys would be mixed with the first layer's) until ``reset()``.
 Per step the work is one query against S keys and the cache holds 2·B·H·S·D numbers: both grow
 linearly with the position; over N steps the total work grows as N².
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-from ._validate import check_rank
-from .masks import bool_to_additive, causal_mask
+from ._validate.layers import check_cache_append, check_cache_mask_args
 
 
 class KVCache:
@@ -28,14 +33,16 @@ class KVCache:
     Attributes:
         keys, values: the cached (B, H, S, D) and (B, H, S, Dv) tensors (None while empty).
 
-    One cache serves one attention layer and one batch: every ``append`` must bring the same
-    batch size, number of heads, head dims, dtype and device as the first one (a clear error
-    otherwise). ``reset()`` empties it for a new batch.
+    One cache serves one attention layer and one batch: the first layer that uses it owns
+    it (another layer gets a clear error), and every ``append`` must bring the same batch
+    size, number of heads, head dims, dtype and device as the first one (a clear error
+    otherwise). ``reset()`` empties it (and frees it for another layer or batch).
     """
 
     def __init__(self):
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self._owner = None  # weakref to the layer that uses this cache
 
     def __len__(self) -> int:
         return 0 if self.keys is None else int(self.keys.shape[2])
@@ -50,8 +57,9 @@ class KVCache:
         return 0 if self.keys is None else self.keys.numel() + self.values.numel()
 
     def reset(self) -> None:
-        """清空缓存（换一批序列时用）。"""
+        """清空缓存（换一批序列或换一层时用）。"""
         self.keys = self.values = None
+        self._owner = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor):
         """把新位置的键 k (B, H, S_new, D) 和值 v (B, H, S_new, Dv) 接到缓存后面，返回全部的键和值。
@@ -63,46 +71,23 @@ class KVCache:
         Returns:
             ``(keys, values)``: (B, H, S_past + S_new, D) and (B, H, S_past + S_new, Dv).
         """
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor of shape (B, H, S, D), got {type(t).__name__}")
-            check_rank(name, t, 4, "(B, H, S, D)")
-            if not t.is_floating_point():
-                raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-        if k.shape[:3] != v.shape[:3] or k.dtype != v.dtype or k.device != v.device:
-            raise ValueError(
-                f"k and v must share (B, H, S), dtype and device: k is {tuple(k.shape)} {k.dtype} on {k.device}, "
-                f"v is {tuple(v.shape)} {v.dtype} on {v.device}"
-            )
-        if self.keys is not None:
-            ck, cv = self.keys, self.values
-            B, H, _, D = ck.shape
-            Dv = cv.shape[-1]
-            if k.shape[0] != B:
-                raise ValueError(
-                    f"the cache holds a batch of B={B} sequences but the new keys have B={k.shape[0]}; "
-                    "one cache serves one batch: call cache.reset() (or use a new KVCache) for another batch"
-                )
-            if (k.shape[1], k.shape[3], v.shape[3]) != (H, D, Dv):
-                raise ValueError(
-                    f"the cache holds H={H} heads of D={D} (values Dv={Dv}) but the new keys/values have "
-                    f"H={k.shape[1]}, D={k.shape[3]}, Dv={v.shape[3]}; one cache serves one attention layer"
-                )
-            if k.dtype != ck.dtype:
-                raise TypeError(
-                    f"the cache holds {ck.dtype} but the new keys are {k.dtype}; keep one dtype for a whole "
-                    "generation (or cache.reset())"
-                )
-            if k.device != ck.device:
-                raise ValueError(
-                    f"the cache is on {ck.device} but the new keys are on {k.device}; move the inputs to "
-                    f"{ck.device} (or cache.reset())"
-                )
-            self.keys = torch.cat((ck, k), dim=2)  # (B,H,S_past,D) + (B,H,S_new,D) -> (B,H,S_past+S_new,D)
-            self.values = torch.cat((cv, v), dim=2)  # (B,H,S_past,Dv) + (B,H,S_new,Dv) -> (B,H,S,Dv)
-        else:
-            self.keys, self.values = k, v
+        check_cache_append(self, k, v)
+        self._store(*self._joined(k, v))
         return self.keys, self.values
+
+    def _joined(self, k, v):
+        """The cached keys and values followed by k, v (checked by the caller); the cache is unchanged."""
+        if self.keys is None:
+            return k, v
+        keys = torch.cat((self.keys, k), dim=2)  # (B,H,S_past,D) + (B,H,S_new,D) -> (B,H,S_past+S_new,D)
+        values = torch.cat((self.values, v), dim=2)  # (B,H,S_past,Dv) + (B,H,S_new,Dv) -> (B,H,S,Dv)
+        return keys, values
+
+    def _store(self, keys, values, owner=None) -> None:
+        """Keep ``_joined``'s result; a layer passes itself as ``owner`` (bound at first use)."""
+        self.keys, self.values = keys, values
+        if owner is not None and self._owner is None:
+            self._owner = weakref.ref(owner)
 
     def attention_mask(self, mask, L: int, is_causal: bool):
         """新来的 L 个查询是缓存里最后 L 个位置：因果时用右下角对齐的掩码，并与 mask 合并。
@@ -110,23 +95,25 @@ class KVCache:
         Args:
             mask: None or a bool / additive float mask broadcastable to (B, H, L, S) over all
                 S cached keys (e.g. ``padding_mask(lengths)[..., :S]``).
-            L: number of new queries.
-            is_causal: whether the layer is causal.
+            L: number of new queries, 0 .. S (their keys are already cached).
+            is_causal: whether the layer is causal (True or False).
 
         Returns:
             The mask to pass to ``attention`` (with ``is_causal=False``): ``mask`` unchanged
             when not causal, else combined with ``causal_mask(L, S, align="bottom-right")``.
         """
+        L = check_cache_mask_args(self, L, is_causal)
         if not is_causal:
             return mask
         S = len(self)
-        tail = causal_mask(L, S, align="bottom-right", device=self.keys.device)  # (L,S)
+        device = self.keys.device if self.keys is not None else getattr(mask, "device", None)
+        tail = torch.ones(L, S, dtype=torch.bool, device=device).tril(S - L)  # (L,S) bottom-right causal
         if mask is None:
             return tail
         if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
             return mask & tail  # broadcast(mask) & (L,S)
         if isinstance(mask, torch.Tensor) and mask.is_floating_point():
-            return mask + bool_to_additive(tail, mask.dtype)  # broadcast(mask) + (L,S)
+            return mask.masked_fill(~tail, float("-inf"))  # broadcast(mask) -> (..,L,S), hidden -> -inf
         return mask  # not a tensor: attention() reports the error
 
     def __repr__(self) -> str:

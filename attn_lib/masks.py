@@ -16,11 +16,10 @@ the scores' (B, H, L, S): ``(L, S)`` for one pattern shared by the whole batch (
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-from ._validate import check_int, check_positive_int
+from ._validate import check_int
+from ._validate.sequences import check_lengths
 
 
 def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> torch.Tensor:
@@ -89,41 +88,13 @@ def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
 
     Args:
         lengths: sequence of B ints (or a 1-D integer tensor), each in 0..S.
-        S: padded length (default: ``max(lengths)``).
+        S: padded length, an int >= 0 (default: ``max(lengths)``).
         device: torch device of the result.
 
     Returns:
         Bool tensor of shape (B, 1, 1, S); True = a real token (may be attended to).
     """
-    if isinstance(lengths, torch.Tensor):
-        if lengths.is_floating_point() or lengths.dtype == torch.bool:
-            raise TypeError(
-                f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype}; "
-                "convert with lengths.long()"
-            )
-        if lengths.ndim != 1:
-            raise ValueError(
-                f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype} "
-                f"and shape {tuple(lengths.shape)}"
-            )
-        values = [int(n) for n in lengths.tolist()]
-    else:
-        if isinstance(lengths, (numbers.Number, str)) or not hasattr(lengths, "__iter__"):
-            raise TypeError(
-                f"lengths must be a sequence of B ints (one per sentence), got {lengths!r}; "
-                f"for one sentence use [{lengths!r}]"
-            )
-        values = list(lengths)
-        for n in values:
-            if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-                raise TypeError(f"lengths must contain ints, got {n!r} in {values!r}")
-    if not values:
-        raise ValueError("lengths is empty: need one length per sentence in the batch")
-    if min(values) < 0:
-        raise ValueError(f"lengths must be >= 0, got {values}")
-    S = max(values) if S is None else check_positive_int("S", S)
-    if max(values) > S:
-        raise ValueError(f"a length exceeds the padded length S={S}: lengths={values}")
+    values, S = check_lengths(lengths, S)
     n = torch.tensor([int(v) for v in values], device=device)  # (B,)
     keep = torch.arange(S, device=device)[None, :] < n[:, None]  # (1,S) < (B,1) -> (B,S)
     return keep[:, None, None, :]  # (B,S) -> (B,1,1,S)

@@ -11,9 +11,9 @@ separate small projections per head and a Python loop over heads; the two comput
 thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/test_multihead.py asserts.
 Both have 4C² + 4C parameters (with bias) for every H, the same as a single head of width C.
 
-Each forward checks its inputs once (``check_sequence_input``, ``layer_mask``) and then runs
-unchecked code: the head split below and ``attn_lib.self_attention.attend`` (with
-``need_weights=False`` torch's fused attention, tested against the reference).
+Each forward checks its inputs once, at the door (``attn_lib._validate.layers``), and then
+runs unchecked code: the projections and the head split below, and
+``attn_lib._dispatch.attend``, the attention on the layer's backend (``attn_lib.BACKENDS``).
 """
 from __future__ import annotations
 
@@ -21,17 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._validate import check_bool, check_divisible, check_rank
-from .self_attention import attend, check_backend, check_need_weights, check_sequence_input, layer_mask
-
-
-def _check_tensor(x, layout: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
+from ._dispatch import attend, layer_mask
+from ._numerics import resolve_scale
+from ._validate import check_divisible
+from ._validate.layers import check_heads, check_layer_call, check_layer_settings, check_sequence_layout
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """把 (B, L, C) 的最后一维切成 H 个头，返回 (B, H, L, D),D = C / H。
+    """把 (B, L, C) 的最后一维切成 H 个头，返回 (B, H, L, D)，D = C / H。
 
     Args:
         x: (B, L, C).
@@ -40,10 +37,8 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Returns:
         A (B, H, L, D) view-based tensor: head h holds channels ``h*D .. (h+1)*D - 1``.
     """
-    _check_tensor(x, "(B, L, C)")
-    check_rank("x", x, 3, "(B, L, C)")
-    B, L, C = x.shape
-    check_divisible(C, num_heads)
+    check_sequence_layout(x, 3, "(B, L, C)")
+    check_divisible(x.shape[-1], num_heads)
     return _split_heads(x, int(num_heads))
 
 
@@ -53,7 +48,7 @@ def _split_heads(x: torch.Tensor, H: int) -> torch.Tensor:
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """split_heads 的逆操作：(B, H, L, D) → (B, L, C),C = H·D，头按顺序首尾相接。
+    """split_heads 的逆操作：(B, H, L, D) → (B, L, C)，C = H·D，头按顺序首尾相接。
 
     Args:
         x: (B, H, L, D).
@@ -61,8 +56,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     Returns:
         (B, L, H*D).
     """
-    _check_tensor(x, "(B, H, L, D)")
-    check_rank("x", x, 4, "(B, H, L, D)")
+    check_sequence_layout(x, 4, "(B, H, L, D)")
     return _merge_heads(x)
 
 
@@ -71,54 +65,10 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
 
 
-def _checked_inputs(query, key, value, d_model: int, dtype: torch.dtype, check_finite: bool):
-    """key and value default to query (self-attention); check each distinct tensor once, return (key, value)."""
-    key = query if key is None else key
-    value = key if value is None else value
-    seen = []
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        again = any(t is u for u in seen)  # self-attention: one tensor, scanned once
-        check_sequence_input(name, t, d_model, dtype, check_finite and not again)
-        seen.append(t)
-    _check_key_value(query, key, value)
-    return key, value
-
-
-def _check_key_value(query, key, value) -> None:
-    B, L, _ = query.shape
-    if key.shape[0] != B or value.shape[0] != B:
-        raise ValueError(
-            f"query, key and value must have the same batch size B, got {query.shape[0]}, "
-            f"{key.shape[0]} and {value.shape[0]}"
-        )
-    if key.shape[1] != value.shape[1]:
-        raise ValueError(
-            f"key and value must have the same length S (axis 1): key has S={key.shape[1]}, "
-            f"value has S={value.shape[1]}. Each key needs exactly one value."
-        )
-
-
-def _use_kv_cache(cache, self_attention: bool, q, k, v, mask, is_causal: bool):
-    """Append k, v to the cache; return all cached keys/values and the mask for the new queries."""
-    from .kv_cache import KVCache
-
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"kv_cache must be an attn_lib.KVCache or None, got {type(cache).__name__}")
-    if not self_attention:
-        raise ValueError("kv_cache works with self-attention only: leave key and value as None")
-    k, v = cache.append(k, v)  # (B,H,S_past,D) + (B,H,S_new,D) -> (B,H,S_all,D)
-    return k, v, cache.attention_mask(mask, q.shape[2], is_causal), False
-
-
-def _layer_settings(layer, d_model, num_heads, bias, is_causal, backend, check_finite) -> tuple[int, int]:
+def _settings(layer, d_model, num_heads, bias, is_causal, backend, check_finite) -> None:
     """两个多头类共用的构造参数检查：设好 head_dim、d_model、num_heads、is_causal、backend、check_finite。"""
-    layer.head_dim = check_divisible(d_model, num_heads)
-    layer.d_model, layer.num_heads = int(d_model), int(num_heads)
-    check_bool("bias", bias)
-    layer.is_causal = check_bool("is_causal", is_causal)
-    layer.backend = check_backend(backend)
-    layer.check_finite = check_bool("check_finite", check_finite)
-    return layer.d_model, layer.num_heads
+    check_heads(layer, d_model, num_heads, even_head_dim=getattr(layer, "rotary", False))
+    check_layer_settings(layer, bias, is_causal, backend, check_finite)
 
 
 class MultiHeadAttention(nn.Module):
@@ -130,9 +80,10 @@ class MultiHeadAttention(nn.Module):
         bias: give the QKV and output projections a bias.
         is_causal: hide later keys from each query (top-left aligned, ``attn_lib.causal_mask``);
             combined with any ``mask`` given to ``forward``.
-        backend: ``"reference"`` (default: the scores are available with ``need_weights=True``;
-            without them torch's fused attention computes the same output) or ``"flash"``
-            (``attn_lib.flash_attention``; key padding masks only, no scores).
+        backend: one of ``attn_lib.BACKENDS``: ``"auto"`` (default: the reference path when
+            ``need_weights=True``, else torch's fused ``"sdpa"``, which computes the same output),
+            ``"reference"`` (always the reference path), ``"sdpa"``, or the tiled FlashAttention
+            paths ``"torch"`` / ``"triton"`` (key padding masks only, no scores).
         check_finite: scan the inputs for nan / inf and the output for overflow (default);
             ``False`` skips these reductions (no host sync on CUDA).
 
@@ -141,10 +92,13 @@ class MultiHeadAttention(nn.Module):
     4C² + 4C numbers with bias, whatever H is. No dropout.
     """
 
+    rotary = False  # RotaryMultiHeadAttention (attn_lib.tiny_model) rotates q and k in `_positions`
+
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False,
-                 backend: str = "reference", check_finite: bool = True):
+                 backend: str = "auto", check_finite: bool = True):
         super().__init__()
-        d_model, num_heads = _layer_settings(self, d_model, num_heads, bias, is_causal, backend, check_finite)
+        _settings(self, d_model, num_heads, bias, is_causal, backend, check_finite)
+        d_model = self.d_model
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # (C) -> (3C) = [q | k | v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # (C) -> (C)
 
@@ -178,36 +132,46 @@ class MultiHeadAttention(nn.Module):
                 sequence, shared by every head (as in ``SelfAttention``); (B, H, L, S) one per
                 head; any axis may be 1, e.g. ``attn_lib.padding_mask(lengths)`` (B, 1, 1, S)
                 for key padding. Combined with ``is_causal``: a key is visible only if both allow it.
-            need_weights: also return every head's attention scores (not with backend "flash").
-            kv_cache: optional ``attn_lib.KVCache`` (self-attention only): the new keys and
-                values are appended to it and the queries attend over everything cached; with
-                ``is_causal`` the queries are the last L positions (bottom-right aligned mask).
-                ``mask`` then covers all S cached keys.
+            need_weights: also return every head's attention scores (backends "auto" and
+                "reference").
+            kv_cache: optional ``attn_lib.KVCache`` (self-attention only; one cache serves one
+                layer): the queries attend over every cached key and their own, and the new keys
+                and values are appended once the call succeeded (a failed call leaves the cache as
+                it was). With ``is_causal`` the queries are the last L positions (bottom-right
+                aligned), so decoding in any chunks equals one causal forward over the whole
+                sequence; without it each call's queries see everything cached so far and their
+                own block (the rows of a full forward over the sequence so far). ``mask`` then
+                covers all S cached keys.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
         """
-        check_need_weights(need_weights, self.backend)
-        key, value = _checked_inputs(query, key, value, self.d_model, self.qkv.weight.dtype, self.check_finite)
+        key, value = check_layer_call(self, query, key, value, mask=mask, need_weights=need_weights,
+                                      dtype=self.qkv.weight.dtype, kv_cache=kv_cache)
         H = self.num_heads
         q, k, v = self._project(query, key, value)  # (B,L,C), (B,S,C), (B,S,C)
         q = _split_heads(q, H)  # (B,L,C) -> (B,H,L,D)
         k = _split_heads(k, H)  # (B,S,C) -> (B,H,S,D)
         v = _split_heads(v, H)  # (B,S,C) -> (B,H,S,D)
-        is_causal = self.is_causal
+        past = len(kv_cache) if kv_cache is not None else 0  # the new tokens sit at positions past ..
+        q, k = self._positions(q, k, past)  # unchanged here; RoPE rotates them in attn_lib.tiny_model
         if kv_cache is not None:  # generation with a KV cache (chapter 10, attn_lib.kv_cache)
-            k, v, mask, is_causal = _use_kv_cache(kv_cache, key is query and value is query, q, k, v, mask,
-                                                    is_causal)  # (B,H,S_all,D), (B,H,S_all,D)
-        mask = layer_mask(mask, query.shape[0], H, query.shape[1], k.shape[2], query.device,
-                          check_finite=self.check_finite)  # None or broadcastable to (B,H,L,S)
-        out, scores = attend(q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
+            k, v = kv_cache._joined(k, v)  # (B,H,past,D) + (B,H,S,D) -> (B,H,past+S,D), same for v
+        out, scores = attend(q, k, v, layer_mask(mask), is_causal=self.is_causal, causal_offset=past,
+                             scale=resolve_scale(None, self.head_dim), need_weights=need_weights,
                              backend=self.backend, check_finite=self.check_finite)  # (B,H,L,D), (B,H,L,S) or None
+        if kv_cache is not None:
+            kv_cache._store(k, v, owner=self)  # only now: a call that raised left the cache as it was
         out = self.out_proj(_merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)
         return (out, scores) if need_weights else out
 
+    def _positions(self, q, k, past: int):
+        """位置编码的钩子：这里原样返回 q (B,H,L,D) 和 k (B,H,S,D)；带 RoPE 的子类在这里旋转它们。"""
+        return q, k
+
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
+                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "auto" else ""))
 
 
 class LoopedMultiHeadAttention(nn.Module):
@@ -226,10 +190,10 @@ class LoopedMultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, *, bias: bool = True, is_causal: bool = False,
-                 backend: str = "reference", check_finite: bool = True):
+                 backend: str = "auto", check_finite: bool = True):
         super().__init__()
-        d_model, num_heads = _layer_settings(self, d_model, num_heads, bias, is_causal, backend, check_finite)
-        D = self.head_dim
+        _settings(self, d_model, num_heads, bias, is_causal, backend, check_finite)
+        d_model, D = self.d_model, self.head_dim
         self.w_q = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_k = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_v = nn.ModuleList(nn.Linear(d_model, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
@@ -262,22 +226,20 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
         """与 ``MultiHeadAttention.forward`` 相同的参数和返回值，只是一个头一个头地算。"""
-        check_need_weights(need_weights, self.backend)
-        key, value = _checked_inputs(query, key, value, self.d_model, self.out_proj.weight.dtype, self.check_finite)
-        if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[1] not in (1, self.num_heads):
-            raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {self.num_heads}")
-        mask = layer_mask(mask, query.shape[0], self.num_heads, query.shape[1], key.shape[1], query.device,
-                          check_finite=self.check_finite)  # None or broadcastable to (B,H,L,S)
-        if mask is not None and mask.ndim == 4 and mask.shape[1] > 1:
+        key, value = check_layer_call(self, query, key, value, mask=mask, need_weights=need_weights,
+                                      dtype=self.out_proj.weight.dtype)
+        mask = layer_mask(mask)  # None or 4-D, broadcastable to (B,H,L,S)
+        if mask is not None and mask.shape[1] > 1:
             head_masks = [mask[:, h:h + 1] for h in range(self.num_heads)]  # (B,H,L,S) -> H x (B,1,L,S)
         else:
             head_masks = [mask] * self.num_heads
+        scale = resolve_scale(None, self.head_dim)
         outs, all_scores = [], []
         for h in range(self.num_heads):
             q = self.w_q[h](query).unsqueeze(1)  # (B,L,C) -> (B,L,D) -> (B,1,L,D)
             k = self.w_k[h](key).unsqueeze(1)  # (B,S,C) -> (B,1,S,D)
             v = self.w_v[h](value).unsqueeze(1)  # (B,S,C) -> (B,1,S,D)
-            out, scores = attend(q, k, v, head_masks[h], is_causal=self.is_causal, need_weights=need_weights,
+            out, scores = attend(q, k, v, head_masks[h], is_causal=self.is_causal, scale=scale, need_weights=need_weights,
                                  backend=self.backend, check_finite=self.check_finite)  # (B,1,L,D), (B,1,L,S)
             outs.append(out.squeeze(1))  # (B,L,D)
             all_scores.append(scores)  # (B,1,L,S) or None
@@ -288,7 +250,7 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "reference" else ""))
+                f"is_causal={self.is_causal}" + (f", backend={self.backend!r}" if self.backend != "auto" else ""))
 
 
 def count_parameters(module: nn.Module) -> int:

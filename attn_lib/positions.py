@@ -14,29 +14,10 @@ are shuffled the same way (chapter 11's 我喜欢你 / 你喜欢我). Two standa
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
-from ._validate import check_rank
-
-
-def _check_base(base) -> float:
-    if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a positive number (the usual 10000.0), got {base!r}")
-    value = float(base)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"base must be finite and > 0 (the usual 10000.0), got {value}")
-    return value
-
-
-def _check_size(name: str, value, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return int(value)
+from ._numerics import work_dtype
+from ._validate.sequences import check_rotary_args, check_sinusoidal_args
 
 
 def _inverse_frequencies(D: int, base: float, device=None) -> torch.Tensor:
@@ -62,42 +43,13 @@ def sinusoidal_positions(L: int, d_model: int, *, base: float = 10000.0, dtype: 
     Returns:
         (L, d_model) tensor; add it to the (B, L, C) token embeddings.
     """
-    L = _check_size("L", L, minimum=0)
-    d_model = _check_size("d_model", d_model, minimum=1)
-    base = _check_base(base)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    L, d_model, base = check_sinusoidal_args(L, d_model, base, dtype)
     pos = torch.arange(L, dtype=torch.float64, device=device)[:, None]  # (L,1)
     angle = pos * _inverse_frequencies(d_model, base, device)[None, :]  # (L,1) * (1,ceil(d/2)) -> (L,ceil(d/2))
     pe = torch.empty(L, d_model, dtype=torch.float64, device=device)  # (L,d_model)
     pe[:, 0::2] = torch.sin(angle)  # (L,ceil(d/2)) even columns
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])  # (L,floor(d/2)) odd columns
     return pe.to(dtype)
-
-
-def _check_positions(positions, B: int, L: int, device) -> torch.Tensor:
-    """positions -> int64 tensor (L,) or (B, L) on ``device``."""
-    if isinstance(positions, torch.Tensor):
-        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            raise TypeError(
-                f"positions must hold integers (token indices), got dtype {positions.dtype}; "
-                "use torch.arange(L) or positions.long()"
-            )
-        pos = positions.to(device=device, dtype=torch.int64)
-    else:
-        if isinstance(positions, (str, bytes, numbers.Number)) or not hasattr(positions, "__iter__"):
-            raise TypeError(f"positions must be a 1-D sequence of L ints or an int tensor, got {positions!r}")
-        values = list(positions)
-        for p in values:
-            if isinstance(p, bool) or not isinstance(p, numbers.Integral):
-                raise TypeError(f"positions must contain ints, got {p!r}")
-        pos = torch.tensor(values, dtype=torch.int64, device=device).reshape(-1)  # (L,)
-    if pos.shape not in ((L,), (B, L)):
-        raise ValueError(
-            f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), one position per token, "
-            f"got {tuple(pos.shape)}"
-        )
-    return pos
 
 
 def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0) -> torch.Tensor:
@@ -122,27 +74,21 @@ def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0) -> t
     Returns:
         (B, H, L, D) tensor: ``x`` rotated pair by pair.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor of shape (B, H, L, D), got {type(x).__name__}")
-    check_rank("x", x, 4, "(B, H, L, D)")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}; convert with x.float()")
+    pos, base = check_rotary_args(x, positions, base)
+    return _rotate(x, pos, base)
+
+
+def _rotate(x: torch.Tensor, pos: torch.Tensor | None, base: float) -> torch.Tensor:
+    """apply_rotary without checks: x (B, H, L, D), pos None or int (L,) / (B, L) on x's device."""
     B, H, L, D = x.shape
-    if D % 2:
-        raise ValueError(
-            f"apply_rotary needs an even head dim D (it rotates pairs of channels 2i, 2i+1), got D={D}. "
-            f"Choose a head dim of {D - 1 or 2} or {D + 1}."
-        )
-    base = _check_base(base)
-    pos = torch.arange(L, device=x.device) if positions is None else _check_positions(positions, B, L, x.device)
+    pos = torch.arange(L, device=x.device) if pos is None else pos  # (L,) or (B,L)
     angle = pos.to(torch.float64)[..., None] * _inverse_frequencies(D, base, x.device)  # (L,1)*(D/2,) -> (L,D/2) or (B,L,D/2)
     if angle.ndim == 3:
         angle = angle[:, None]  # (B,L,D/2) -> (B,1,L,D/2), broadcasts over heads
-    cos, sin = torch.cos(angle), torch.sin(angle)  # (L,D/2) or (B,1,L,D/2)
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    work = work_dtype(x.dtype)
+    cos, sin = torch.cos(angle).to(work), torch.sin(angle).to(work)  # (L,D/2) or (B,1,L,D/2)
     pairs = x.to(work).reshape(B, H, L, D // 2, 2)  # (B,H,L,D) -> (B,H,L,D/2,2)
     a, b = pairs[..., 0], pairs[..., 1]  # (B,H,L,D/2) each
-    cos, sin = cos.to(work), sin.to(work)
     rotated = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)  # (B,H,L,D/2,2)
     return rotated.reshape(B, H, L, D).to(x.dtype)  # (B,H,L,D/2,2) -> (B,H,L,D)
 

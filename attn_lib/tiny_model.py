@@ -18,9 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._validate import check_positive_int
+from ._validate.sequences import check_tiny_batch, check_train_args
 from .masks import padding_mask
-from .multihead import MultiHeadAttention, merge_heads, split_heads
-from .positions import apply_rotary, sinusoidal_positions
+from .multihead import MultiHeadAttention
+from .positions import _rotate, sinusoidal_positions
 
 POSITION_KINDS = ("none", "sinusoidal", "rope")
 
@@ -28,31 +30,17 @@ POSITION_KINDS = ("none", "sinusoidal", "rope")
 class RotaryMultiHeadAttention(MultiHeadAttention):
     """带旋转位置编码的多头注意力：在 Q、K 投影之后、点积之前，把每个头的 q 和 k 按位置旋转。
 
-    Same parameters and arguments as ``MultiHeadAttention`` (self-attention only). With a
-    ``kv_cache`` the new tokens are at positions ``len(cache) ..``, so cached keys keep the
-    rotation of their own positions.
+    Same parameters and arguments as ``MultiHeadAttention`` (self-attention only; the head dim
+    D = d_model / num_heads must be even). With a ``kv_cache`` the new tokens are at positions
+    ``len(cache) ..``, so cached keys keep the rotation of their own positions.
     """
 
-    _offset = 0
+    rotary = True  # self-attention only, even head dim (checked by the constructor and at the door)
 
-    def _project(self, query, key, value):
-        q, k, v = super()._project(query, key, value)  # (B,L,C), (B,S,C), (B,S,C)
-        H = self.num_heads
-        pos_q = torch.arange(self._offset, self._offset + q.shape[1])  # (L,)
-        pos_k = torch.arange(self._offset, self._offset + k.shape[1])  # (S,)
-        q = merge_heads(apply_rotary(split_heads(q, H), pos_q))  # (B,L,C) -> (B,H,L,D) -> (B,L,C)
-        k = merge_heads(apply_rotary(split_heads(k, H), pos_k))  # (B,S,C) -> (B,H,S,D) -> (B,S,C)
-        return q, k, v
-
-    def forward(self, query, key=None, value=None, *, kv_cache=None, **kwargs):
-        """与 ``MultiHeadAttention.forward`` 相同；只允许自注意力（位置由序列本身决定）。"""
-        if key is not None or value is not None:
-            raise ValueError("RotaryMultiHeadAttention is self-attention only: leave key and value as None")
-        self._offset = len(kv_cache) if kv_cache is not None else 0
-        try:
-            return super().forward(query, kv_cache=kv_cache, **kwargs)
-        finally:
-            self._offset = 0
+    def _positions(self, q, k, past: int):
+        """把 q (B,H,L,D) 和 k (B,H,S,D) 按位置 past, past+1, ... 旋转（S = L：自注意力）。"""
+        pos = torch.arange(past, past + q.shape[2], device=q.device)  # (L,)
+        return _rotate(q, pos, 10000.0), _rotate(k, pos, 10000.0)  # (B,H,L,D), (B,H,S,D)
 
 
 class TinyItModel(nn.Module):
@@ -72,6 +60,8 @@ class TinyItModel(nn.Module):
         super().__init__()
         if positions not in POSITION_KINDS:
             raise ValueError(f"positions must be one of {POSITION_KINDS}, got {positions!r}")
+        vocab_size, n_objects = check_positive_int("vocab_size", vocab_size), check_positive_int("n_objects", n_objects)
+        self.max_len = check_positive_int("max_len", max_len)
         self.positions = positions
         self.embed = nn.Embedding(vocab_size, d_model)  # (V) -> (C)
         cls = RotaryMultiHeadAttention if positions == "rope" else MultiHeadAttention
@@ -90,6 +80,7 @@ class TinyItModel(nn.Module):
         Returns:
             ``(logits, scores)``: (B, n_objects) and (B, H, L, L).
         """
+        check_tiny_batch(ids, lengths, it_index, self.max_len if self.positions == "sinusoidal" else None)
         B, L = ids.shape
         x = self.embed(ids)  # (B,L) -> (B,L,C)
         if self.positions == "sinusoidal":
@@ -135,6 +126,7 @@ def train(model: TinyItModel, data: dict, *, steps: int = 200, batch_size: int =
     Returns:
         The training loss (cross-entropy) at every step.
     """
+    steps, batch_size, lr = check_train_args(steps, batch_size, lr)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     N = data["ids"].shape[0]

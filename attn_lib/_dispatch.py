@@ -1,0 +1,119 @@
+"""第 5、7、10 章的层共用（书中不单独讲）：一套后端名字，一处分派——层检查过输入之后，由这里选一条注意力路径来算。
+
+``BACKENDS`` are the names every layer accepts (``attn_lib.BACKENDS``):
+
+- ``"reference"``: ``attn_lib.reference``'s core; the only path that returns the scores;
+- ``"sdpa"``: torch's fused ``scaled_dot_product_attention`` with the library's conventions
+  (mask and ``is_causal`` combined, a row that sees no key gives zeros, overflow raises);
+- ``"torch"`` / ``"triton"``: the tiled FlashAttention paths (``attn_lib.flash``), key
+  padding masks only;
+- ``"auto"`` (the layers' default): ``"reference"`` when the scores are asked for, else ``"sdpa"``.
+
+Nothing here checks its input: the layers checked it once, in ``attn_lib._validate.layers``.
+With ``is_causal`` query i sees key j iff ``j <= i + causal_offset``: 0 is torch's top-left
+``is_causal``, ``S - L`` the bottom-right alignment of KV-cache decoding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._numerics import overflow_error, work_dtype
+
+BACKENDS = ("auto", "reference", "sdpa", "torch", "triton")
+
+
+def layer_mask(mask):
+    """A checked layer mask as a 4-D tensor that broadcasts to (B, H, L, S); 3-D means (B, L, S)."""
+    if mask is None:
+        return None
+    if mask.ndim == 3:
+        return mask.unsqueeze(1)  # (B,L,S) -> (B,1,L,S): the same for every head
+    return mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # (S,) or (L,S) -> (1,1,L,S) etc.
+
+
+def _with_causal(mask, L: int, S: int, causal_offset: int, device):
+    """mask combined with the causal rule (query i sees key j iff j <= i + causal_offset)."""
+    keep = torch.ones(L, S, dtype=torch.bool, device=device).tril(causal_offset)  # (L,S)
+    if mask is None:
+        return keep
+    if mask.dtype == torch.bool:
+        return mask & keep  # broadcast(mask) & (L,S)
+    return mask.masked_fill(~keep, float("-inf"))  # broadcast(mask) -> (..,L,S), hidden -> -inf
+
+
+def attend(q, k, v, mask, *, is_causal: bool, scale: float, need_weights: bool, backend: str, check_finite: bool,
+           causal_offset: int = 0):
+    """层内部用的注意力（输入已检查过）：返回（输出 (B, H, L, Dv)，分数 (B, H, L, S) 或 None）。
+
+    Args:
+        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), checked.
+        mask: None or a 4-D bool / additive float mask broadcastable to (B, H, L, S)
+            (``layer_mask``); a bool (B or 1, 1, 1, S) key padding mask for "torch" / "triton".
+        is_causal, causal_offset: the causal rule (see the module docstring).
+        scale: the score scale (a float).
+        need_weights: also return the scores (only "reference" and "auto" have them).
+        backend: a name from ``BACKENDS``.
+        check_finite: raise the overflow error when a score overflows (the inputs were
+            scanned for nan / inf at the door).
+    """
+    if backend == "auto":
+        backend = "reference" if need_weights else "sdpa"
+    if backend == "reference" or q.numel() == 0 or k.shape[2] == 0:
+        return _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, need_weights)
+    if backend == "sdpa":
+        return _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite), None
+    from .flash import _flash_unchecked
+
+    B, S = q.shape[0], k.shape[2]
+    padding = None if mask is None else mask[:, 0, 0, :].expand(B, S)  # (B or 1,1,1,S) -> (B,S)
+    out = _flash_unchecked(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=padding, backend=backend,
+                           check_overflow=check_finite, causal_offset=causal_offset)  # (B,H,L,Dv)
+    return out, None
+
+
+def _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, need_weights):
+    from .reference import _attention_core
+
+    B, H, L, _ = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    if B * H * L == 0:  # no query at all: nothing to compute (and nothing to reduce over)
+        out = q.new_zeros(B, H, L, Dv)  # (B,H,L,Dv)
+        return out, (q.new_zeros(B, H, L, S) if need_weights else None)  # (B,H,L,S)
+    if is_causal:
+        mask = _with_causal(mask, L, S, causal_offset, q.device)  # -> broadcasts to (B,H,L,S)
+    out, scores = _attention_core(q, k, v, mask, False, scale, check_overflow=check_finite)  # (B,H,L,Dv), (B,H,L,S)
+    return out, (scores if need_weights else None)
+
+
+def _may_overflow(q, k, scale: float) -> bool:
+    """Whether some scale·q·k could leave the working dtype's range: |q·k| <= D·max|q|·max|k|."""
+    q_max, k_max = torch.stack([q.abs().amax(), k.abs().amax()]).double().tolist()  # one host sync
+    return scale * q.shape[-1] * q_max * k_max >= torch.finfo(work_dtype(q.dtype)).max
+
+
+def _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite):
+    """torch's fused attention with the reference's conventions; the reference core where it could overflow."""
+    L, S = q.shape[2], k.shape[2]
+    if check_finite and _may_overflow(q, k, scale):  # the reference core raises exactly as `attention` does
+        return _reference(q, k, v, mask, is_causal, causal_offset, scale, True, False)[0]
+    if is_causal and (mask is not None or causal_offset):  # torch refuses mask + is_causal: combine them here
+        mask = _with_causal(mask, L, S, causal_offset, q.device)  # -> broadcasts to (B,H,L,S)
+        is_causal = False
+    dtype = q.dtype
+    if mask is not None and mask.is_floating_point() and work_dtype(dtype) != dtype:
+        # a float mask is added in the working dtype, as in the reference (in fp16 -1e9 would become -inf)
+        q, k, v, mask = q.to(work_dtype(dtype)), k.to(work_dtype(dtype)), v.to(work_dtype(dtype)), mask.float()
+    elif mask is not None and mask.is_floating_point():
+        mask = mask.to(dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=is_causal)  # (B,H,L,Dv)
+    if mask is not None:  # rows that see no key: zeros (torch leaves nan there)
+        dead = ~mask.any(-1, keepdim=True) if mask.dtype == torch.bool else \
+            torch.isneginf(mask).all(-1, keepdim=True)  # (..,L or 1,1)
+        if bool(dead.any()):
+            out = out.masked_fill(dead, 0.0)  # (B,H,L,Dv)
+    # An overflowing score makes its whole softmax row nan, and so every entry of that output
+    # row: one entry per row tells (a strided read, not a scan of the output).
+    if check_finite and out.numel() and bool(torch.isnan(out[..., 0]).any()):
+        raise overflow_error(work_dtype(dtype))
+    return out.to(dtype)  # (B,H,L,Dv)

@@ -1,0 +1,144 @@
+"""第 6、10 章共用（书中不单独讲）：掩码、位置编码和小模型的入口检查，与其他入口同一套措辞。
+
+Sizes go through ``check_int`` (so ``causal_mask(2.0)`` and ``sinusoidal_positions(3.0, 4)``
+word the same mistake the same way, and both take a 0-d integer tensor), flags through
+``check_bool``; every function here returns the normalised value it checked.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from . import check_int, check_rank
+
+
+def check_base(base) -> float:
+    """位置编码的 base：有限的正实数（常用 10000.0）；返回 float。"""
+    if isinstance(base, bool) or not isinstance(base, numbers.Real):
+        raise TypeError(f"base must be a positive number (the usual 10000.0), got {base!r}")
+    value = float(base)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"base must be finite and > 0 (the usual 10000.0), got {value}")
+    return value
+
+
+def check_sinusoidal_args(L, d_model, base, dtype) -> tuple[int, int, float]:
+    """sinusoidal_positions 的参数：L >= 0、d_model >= 1 的整数，base 为正，dtype 是浮点 dtype；返回 (L, d_model, base)。"""
+    L = check_int("L", L, 0)
+    d_model = check_int("d_model", d_model, 1)
+    base = check_base(base)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    return L, d_model, base
+
+
+def check_rotary_args(x, positions, base) -> tuple[torch.Tensor | None, float]:
+    """apply_rotary 的参数：x (B, H, L, D) 浮点、D 为偶数，positions 是 (L,) 或 (B, L) 的整数；返回 (positions, base)。"""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape (B, H, L, D), got {type(x).__name__}")
+    check_rank("x", x, 4, "(B, H, L, D)")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}; convert with x.float()")
+    B, H, L, D = x.shape
+    if D % 2:
+        raise ValueError(
+            f"apply_rotary needs an even head dim D (it rotates pairs of channels 2i, 2i+1), got D={D}. "
+            f"Choose a head dim of {D - 1 or 2} or {D + 1}."
+        )
+    base = check_base(base)
+    return (None if positions is None else _positions(positions, B, L, x.device)), base
+
+
+def _positions(positions, B: int, L: int, device) -> torch.Tensor:
+    """positions -> int64 tensor (L,) or (B, L) on ``device``."""
+    if isinstance(positions, torch.Tensor):
+        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+            raise TypeError(
+                f"positions must hold integers (token indices), got dtype {positions.dtype}; "
+                "use torch.arange(L) or positions.long()"
+            )
+        pos = positions.to(device=device, dtype=torch.int64)
+    else:
+        if isinstance(positions, (str, bytes, bytearray, numbers.Number)) or not hasattr(positions, "__iter__"):
+            raise TypeError(f"positions must be a 1-D sequence of L ints or an int tensor, got {positions!r}")
+        values = list(positions)
+        for p in values:
+            if isinstance(p, bool) or not isinstance(p, numbers.Integral):
+                raise TypeError(f"positions must contain ints, got {p!r}")
+        pos = torch.tensor(values, dtype=torch.int64, device=device).reshape(-1)  # (L,)
+    if pos.shape not in ((L,), (B, L)):
+        raise ValueError(
+            f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), one position per token, "
+            f"got {tuple(pos.shape)}"
+        )
+    return pos
+
+
+def check_lengths(lengths, S) -> tuple[list[int], int]:
+    """padding_mask 的参数：lengths 是 B 个 0..S 的整数（列表或一维整数张量，不收 bytes / str），S >= 0；返回 (lengths, S)。"""
+    if isinstance(lengths, torch.Tensor):
+        if lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise TypeError(
+                f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype}; "
+                "convert with lengths.long()"
+            )
+        if lengths.ndim != 1:
+            raise ValueError(
+                f"lengths must be a 1-D integer tensor or a list of ints, got dtype {lengths.dtype} "
+                f"and shape {tuple(lengths.shape)}"
+            )
+        values = [int(n) for n in lengths.tolist()]
+    else:
+        if isinstance(lengths, (numbers.Number, str, bytes, bytearray)) or not hasattr(lengths, "__iter__"):
+            raise TypeError(
+                f"lengths must be a sequence of B ints (one per sentence), got {lengths!r}; "
+                f"for one sentence use [{lengths!r}]"
+            )
+        values = list(lengths)
+        for n in values:
+            if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+                raise TypeError(f"lengths must contain ints, got {n!r} in {values!r}")
+        values = [int(n) for n in values]
+    if not values:
+        raise ValueError("lengths is empty: need one length per sentence in the batch")
+    if min(values) < 0:
+        raise ValueError(f"lengths must be >= 0, got {values}")
+    S = max(values) if S is None else check_int("S", S, 0)
+    if max(values) > S:
+        raise ValueError(f"a length exceeds the padded length S={S}: lengths={values}")
+    return values, S
+
+
+def check_tiny_batch(ids, lengths, it_index, max_len: int | None) -> None:
+    """TinyItModel.forward 的参数：ids (B, L) 整数，lengths 与 it_index (B,) 整数；正余弦表够长（L <= max_len）。"""
+    for name, t, rank, layout in (("ids", ids, 2, "(B, L)"), ("lengths", lengths, 1, "(B,)"),
+                                  ("it_index", it_index, 1, "(B,)")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {type(t).__name__}")
+        check_rank(name, t, rank, layout)
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got dtype {t.dtype}; convert with {name}.long()")
+    B, L = ids.shape
+    if lengths.shape[0] != B or it_index.shape[0] != B:
+        raise ValueError(f"ids, lengths and it_index must have the same batch size B, got {B}, "
+                         f"{lengths.shape[0]} and {it_index.shape[0]}")
+    if max_len is not None and L > max_len:
+        raise ValueError(f"ids has L={L} positions but the model's position table has max_len={max_len}; "
+                         f"build the model with max_len >= {L}")
+
+
+def check_train_args(steps, batch_size, lr) -> tuple[int, int, float]:
+    """tiny_model.train 的参数：steps >= 0、batch_size >= 1 的整数，lr 是有限的正数；返回规范化后的值。"""
+    steps = check_int("steps", steps, 0)
+    batch_size = check_int("batch_size", batch_size, 1)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real):
+        raise TypeError(f"lr must be a positive number, got {lr!r} ({type(lr).__name__})")
+    if not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be finite and > 0, got {lr}")
+    return steps, batch_size, float(lr)
+
+
+__all__ = ["check_base", "check_sinusoidal_args", "check_rotary_args", "check_lengths", "check_tiny_batch",
+           "check_train_args"]
