@@ -196,13 +196,13 @@ def test_fast_path_is_differentiable_like_the_reference():
 
 
 # ---------------------------------------------------------------------------------------------
-# backend="flash"
+# backend="torch" (the tiled FlashAttention path)
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("Layer", [MultiHeadAttention, SelfAttention])
 def test_flash_backend_matches_reference(Layer):
     C = 8
     ref = _seeded(Layer(C, **({"num_heads": 2} if Layer is MultiHeadAttention else {}), is_causal=True)).double()
-    flash = Layer(C, **({"num_heads": 2} if Layer is MultiHeadAttention else {}), is_causal=True, backend="flash")
+    flash = Layer(C, **({"num_heads": 2} if Layer is MultiHeadAttention else {}), is_causal=True, backend="torch")
     flash = flash.double()
     flash.load_state_dict(ref.state_dict())
     x = _x(3, 6, C)
@@ -214,14 +214,14 @@ def test_flash_backend_matches_reference(Layer):
 
 
 def test_flash_backend_refusals():
-    layer = MultiHeadAttention(8, 2, backend="flash")
+    layer = MultiHeadAttention(8, 2, backend="torch")
     x = _x(2, 4, 8, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"need_weights=True needs the attention scores.*backend='reference'"):
         layer(x, need_weights=True)
-    with pytest.raises(ValueError, match=r"backend='flash' takes only a key padding mask"):
+    with pytest.raises(ValueError, match=r"mask must be a bool key padding mask .* for backend='torch'"):
         layer(x, mask=torch.ones(4, 4, dtype=torch.bool).tril())
-    with pytest.raises(ValueError, match=r"backend must be one of \('reference', 'flash'\), got 'triton'"):
-        MultiHeadAttention(8, 2, backend="triton")
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'reference', 'sdpa', 'torch', 'triton'\), got 'flash'"):
+        MultiHeadAttention(8, 2, backend="flash")
     with pytest.raises(TypeError, match=r"backend must be one of"):
         SelfAttention(8, backend=None)
 

@@ -62,10 +62,10 @@ def test_online_softmax_update_one_step_by_hand():
 def test_layer_repr_names_sizes_and_a_non_default_backend():
     mha = repr(attn_lib.MultiHeadAttention(8, 2, is_causal=True))
     assert "d_model=8, num_heads=2, head_dim=4, is_causal=True\n" in mha and "backend" not in mha
-    looped = repr(attn_lib.LoopedMultiHeadAttention(8, 4, backend="flash"))
-    assert "d_model=8, num_heads=4, head_dim=2, is_causal=False, backend='flash'\n" in looped
-    single = repr(attn_lib.SelfAttention(6, 4, 2, backend="flash"))
-    assert "d_model=6, d_k=4, d_v=2, is_causal=False, backend='flash'\n" in single
+    looped = repr(attn_lib.LoopedMultiHeadAttention(8, 4, backend="torch"))
+    assert "d_model=8, num_heads=4, head_dim=2, is_causal=False, backend='torch'\n" in looped
+    single = repr(attn_lib.SelfAttention(6, 4, 2, backend="torch"))
+    assert "d_model=6, d_k=4, d_v=2, is_causal=False, backend='torch'\n" in single
     assert "backend" not in repr(attn_lib.SelfAttention(6))
 
 
@@ -146,10 +146,10 @@ def test_self_attention_projects_with_one_matmul(monkeypatch):
 
 def test_looped_layer_settings_default_and_copy():
     looped = attn_lib.LoopedMultiHeadAttention(8, 2)
-    assert looped.check_finite is True and looped.backend == "reference"
-    fused = _fused(backend="flash", check_finite=False, is_causal=True)
+    assert looped.check_finite is True and looped.backend == "auto"
+    fused = _fused(backend="torch", check_finite=False, is_causal=True)
     copy = attn_lib.LoopedMultiHeadAttention.from_fused(fused)
-    assert (copy.backend, copy.check_finite, copy.is_causal) == ("flash", False, True)
+    assert (copy.backend, copy.check_finite, copy.is_causal) == ("torch", False, True)
 
 
 def test_looped_layer_honours_check_finite_and_backend(monkeypatch):
@@ -169,15 +169,15 @@ def test_looped_layer_honours_check_finite_and_backend(monkeypatch):
         strict(huge * torch.arange(1, 9, dtype=torch.float64))
     lax = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(check_finite=False))
     assert torch.isnan(lax(bad, mask=nan_mask)).any()  # the caller turned the checks off: no error
-    flash = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(backend="flash"))
+    flash = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(backend="torch"))
     with pytest.raises(ValueError, match="need_weights=True needs the attention scores"):
         flash(_x(1, 3, 8), need_weights=True)
     calls = []
-    real = flash_module.flash_attention
-    monkeypatch.setattr(flash_module, "flash_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = flash_module._flash_unchecked
+    monkeypatch.setattr(flash_module, "_flash_unchecked", lambda *a, **k: calls.append(1) or real(*a, **k))
     with torch.no_grad():
         flash(_x(1, 3, 8))
-    assert len(calls) == 2, "backend='flash': every head goes through attn_lib.flash_attention"
+    assert len(calls) == 2, "backend='torch': every head goes through the tiled path (attn_lib.flash)"
 
 
 # --- reference: which argument, which device, the checks check_finite turns off ---------------
@@ -298,7 +298,7 @@ def test_layer_check_finite_false_reaches_the_mask_check():
 def test_default_and_flash_reprs():
     assert "backend" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
     assert "head_dim=4, is_causal=False\n" in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
-    assert "head_dim=4, is_causal=False, backend='flash'\n" in repr(attn_lib.MultiHeadAttention(8, 2, backend="flash"))
+    assert "head_dim=4, is_causal=False, backend='torch'\n" in repr(attn_lib.MultiHeadAttention(8, 2, backend="torch"))
 
 
 def test_16_bit_softmax_with_a_dead_row_keeps_its_dtype():
