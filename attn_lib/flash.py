@@ -22,6 +22,8 @@ import torch
 
 from . import device as _device
 from ._validate import check_bool, check_positive_int, check_qkv_shapes, check_same_dtype, check_scale
+from ._numerics import overflow_error, work_dtype
+from . import flash_torch as _tiles
 from .flash_torch import check_key_padding_mask, flash_attention_torch
 from .reference import check_attention_inputs
 
@@ -233,44 +235,121 @@ def choose_backend(q, backend: str = "auto") -> str:
     return backend
 
 
+def rows_with_keys(L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, device):
+    """哪些查询行至少看得见一个键：(B 或 1, 1, L) 布尔张量（只读掩码，不读 q、k、v）。"""
+    i = torch.arange(L, device=device)  # (L,)
+    limit = (i + causal_offset + 1).clamp(0, S) if is_causal else torch.full_like(i, S)  # (L,) keys 0..limit-1
+    if key_padding_mask is None:
+        return (limit > 0)[None, None, :]  # (L,) -> (1,1,L)
+    if S == 0:
+        return torch.zeros(key_padding_mask.shape[0], 1, L, dtype=torch.bool, device=device)  # (B,1,L)
+    present = key_padding_mask.to(torch.int32).cumsum(-1)  # (B,S) present keys among 0..j
+    seen = present.gather(1, (limit - 1).clamp(min=0).expand(present.shape[0], L))  # (B,S) -> (B,L)
+    return ((seen > 0) & (limit > 0))[:, None, :]  # (B,L) -> (B,1,L)
+
+
+def raise_if_overflowed(lse, L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, dtype) -> None:
+    """溢出规则（所有路径同一条）：看得见键的行，log-sum-exp 却是 ±inf 或 nan，就是分数溢出了。
+
+    A row that sees no key has ``lse = -inf`` and a zero output: that is not an overflow. One
+    reduction and one host sync.
+
+    Raises:
+        ValueError: ``overflow_error(work_dtype(dtype))``.
+    """
+    if lse.numel() == 0:
+        return
+    has_key = rows_with_keys(L, S, key_padding_mask, is_causal, causal_offset, lse.device)  # (B|1,1,L)
+    if bool((~torch.isfinite(lse) & has_key).any()):
+        raise overflow_error(work_dtype(dtype))
+
+
+def _forward_core(backend: str, q, k, v, is_causal, scale, key_padding_mask, causal_offset):
+    """无检查的前向：返回 (out (B,H,L,Dv), lse (B,H,L))，不检查溢出。"""
+    if backend == "triton":
+        interpret = _device.triton_interprets()
+        flags = kernel_flags(q.dtype, q.device, interpret)
+        return load_kernel().launch(q, k, v, key_padding_mask, is_causal, scale, interpret=interpret,
+                                    dot_fp32=flags["dot_fp32"], capability=flags["capability"],
+                                    causal_offset=causal_offset)
+    return _tiles._forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=scale,
+                                 block_m=_tiles.DEFAULT_BLOCK_M, block_n=_tiles.DEFAULT_BLOCK_N, counter=None,
+                                 causal_offset=causal_offset)
+
+
+def _backward_core(backend: str, q, k, v, out, lse, dout, is_causal, scale, key_padding_mask, causal_offset):
+    """无检查的反向：返回 (dq, dk, dv)。"""
+    if backend == "triton":
+        interpret = _device.triton_interprets()
+        flags = kernel_flags(q.dtype, q.device, interpret)
+        return load_kernel().launch_backward(q, k, v, out, lse, dout, key_padding_mask, is_causal, scale,
+                                             interpret=interpret, dot_fp32=flags["dot_fp32"],
+                                             capability=flags["capability"], causal_offset=causal_offset)
+    with torch.no_grad():
+        return _tiles._backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=is_causal, scale=scale,
+                                      block_m=_tiles.DEFAULT_BWD_BLOCK_M, block_n=_tiles.DEFAULT_BWD_BLOCK_N,
+                                      causal_offset=causal_offset)
+
+
+def _checked_forward(backend, q, k, v, is_causal, scale, key_padding_mask, check_overflow, causal_offset):
+    out, lse = _forward_core(backend, q, k, v, is_causal, scale, key_padding_mask, causal_offset)
+    if check_overflow:
+        raise_if_overflowed(lse, q.shape[2], k.shape[2], key_padding_mask, is_causal, causal_offset, q.dtype)
+    return out, lse
+
+
 class FlashAttentionFunction(torch.autograd.Function):
     """可求导的 FlashAttention：前向存 q、k、v、输出和 lse（从不存 L×S 矩阵），反向按 FlashAttention-2 分块重算。
 
-    ``FlashAttentionFunction.apply(q, k, v, causal, scale, key_padding_mask, backend)`` with
-    ``backend`` ``"torch"`` or ``"triton"`` (already resolved by ``choose_backend``). The
-    forward is the backend's forward (``flash_attention_torch`` / ``flash_attention_triton``,
-    both return ``(out, lse)``); the backward is ``flash_attention_backward_torch`` /
-    ``flash_attention_triton_backward``. Gradients flow to q, k and v only.
+    ``FlashAttentionFunction.apply(q, k, v, is_causal, scale, key_padding_mask, backend,
+    check_overflow, causal_offset)`` with ``backend`` ``"torch"`` or ``"triton"`` (already
+    resolved by ``choose_backend``) and ``scale`` a float; nothing is checked here. The
+    forward is the backend's tiled forward (both return ``(out, lse)``); the backward is the
+    backend's FlashAttention-2 backward. Gradients flow to q, k and v only.
     """
 
     @staticmethod
-    def run_forward(backend: str, q, k, v, causal, scale, key_padding_mask):
-        """只跑前向（不建计算图）：返回 (out, lse)。"""
-        if backend == "triton":
-            return flash_attention_triton(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
-        return flash_attention_torch(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, key_padding_mask, backend):
-        out, lse = FlashAttentionFunction.run_forward(backend, q, k, v, causal, scale,
-                                                      key_padding_mask)  # (B,H,L,Dv), (B,H,L)
+    def forward(ctx, q, k, v, is_causal, scale, key_padding_mask, backend, check_overflow, causal_offset):
+        out, lse = _checked_forward(backend, q, k, v, is_causal, scale, key_padding_mask, check_overflow,
+                                    causal_offset)  # (B,H,L,Dv), (B,H,L)
         ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
-        ctx.causal, ctx.scale, ctx.backend = causal, scale, backend
+        ctx.args = (is_causal, scale, backend, causal_offset)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        from .flash_torch import flash_attention_backward_torch
-
         q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
-        if ctx.backend == "triton":
-            backward = flash_attention_triton_backward
-        else:
-            backward = flash_attention_backward_torch
-        dq, dk, dv = backward(q, k, v, out, lse, dout, causal=ctx.causal, scale=ctx.scale,
-                              key_padding_mask=key_padding_mask)
-        return dq, dk, dv, None, None, None, None
+        is_causal, scale, backend, causal_offset = ctx.args
+        dq, dk, dv = _backward_core(backend, q, k, v, out, lse, dout, is_causal, scale, key_padding_mask,
+                                    causal_offset)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def _flash_unchecked(q, k, v, *, is_causal: bool, scale: float, key_padding_mask, backend: str,
+                     check_overflow: bool, causal_offset: int = 0):
+    """FlashAttention 的无检查内核（调用方已检查全部输入）：返回 out (B, H, L, Dv)，需要时可求导。
+
+    Args:
+        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), already checked.
+        is_causal: with ``causal_offset``: query i sees key j iff ``j <= i + causal_offset``.
+        scale: a float (already resolved, e.g. ``1 / sqrt(D)``).
+        key_padding_mask: None or bool (B, S), True = key present.
+        backend: ``"torch"`` or ``"triton"`` (already resolved).
+        check_overflow: check the log-sum-exp for overflow (one reduction and host sync);
+            False skips it.
+        causal_offset: 0 is SDPA's top-left ``is_causal``; ``S - L`` is the bottom-right
+            alignment of KV-cache decoding (``attn_lib.causal_mask(L, S, align="bottom-right")``).
+
+    Returns:
+        out (B, H, L, Dv) in q's dtype; differentiable through ``FlashAttentionFunction``
+        when grad mode is on and q, k or v requires grad.
+    """
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return FlashAttentionFunction.apply(q, k, v, is_causal, scale, key_padding_mask, backend, check_overflow,
+                                            causal_offset)
+    out, _ = _checked_forward(backend, q, k, v, is_causal, scale, key_padding_mask, check_overflow, causal_offset)
+    return out
 
 
 def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None, key_padding_mask=None,
@@ -301,12 +380,18 @@ def flash_attention(q, k, v, *, causal: bool = False, scale: float | None = None
             overflows to +inf.
     """
     which = choose_backend(q, backend)
-    check_scale(scale)  # (a key_padding_mask that requires grad is refused by the forward)
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    if needs_grad:
-        return FlashAttentionFunction.apply(q, k, v, causal, scale, key_padding_mask, which)
-    out, _ = FlashAttentionFunction.run_forward(which, q, k, v, causal, scale, key_padding_mask)
-    return out
+    if which == "triton":
+        _check_scale_type(scale)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
+    check_bool("causal", causal)
+    if which == "triton":
+        _check_triton_common(q, causal, key_padding_mask, B, S, None, None)
+        _triton_mode_for(q)
+    else:
+        check_key_padding_mask(key_padding_mask, B, S, q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    return _flash_unchecked(q, k, v, is_causal=causal, scale=scale, key_padding_mask=key_padding_mask,
+                            backend=which, check_overflow=True)
 
 
 __all__ = ["flash_attention", "FlashAttentionFunction", "flash_attention_triton", "flash_attention_triton_backward",

@@ -185,12 +185,17 @@ def flash_attention_torch(q, k, v, *, causal: bool = False, scale: float | None 
     block_n = DEFAULT_BLOCK_N if block_n is None else check_positive_int("block_n", block_n)
     check_bool("causal", causal)
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    return _forward_tiles(q, k, v, key_padding_mask, causal=causal, scale=scale, block_m=block_m, block_n=block_n,
-                          counter=counter)
+    out, lse = _forward_tiles(q, k, v, key_padding_mask, causal=causal, scale=scale, block_m=block_m,
+                              block_n=block_n, counter=counter)
+    # Overflow, checked once: a +inf score makes its row's max +inf and its lse nan (or +inf).
+    # A row that sees no key has lse = -inf, which is not an overflow.
+    if bool((torch.isnan(lse) | torch.isposinf(lse)).any()):
+        raise overflow_error(_work_dtype(q.dtype))
+    return out, lse
 
 
-def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter):
-    """flash_attention_torch 的主体（输入已检查过，scale 已是数）。"""
+def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter, causal_offset=0):
+    """flash_attention_torch 的主体（输入已检查过，scale 已是数）；causal 时查询 i 看见键 j 当且仅当 j <= i + causal_offset。"""
     (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     BH = B * H
@@ -218,7 +223,8 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
         acc_i = torch.zeros(BH, bm, Dv, dtype=work, device=q.device)  # running weighted sum of values
         if counter is not None:
             counter.load("Q", BH * bm * D)
-        n_end = min(S, m1) if causal else S  # keys after the block's last query are invisible to all of it
+        # keys after the block's last query (+ offset) are invisible to all of it
+        n_end = max(min(S, m1 + causal_offset), 0) if causal else S
         for n0 in range(0, n_end, block_n):
             n1 = min(n0 + block_n, n_end)
             bn = n1 - n0
@@ -227,15 +233,15 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
                 counter.load("V", BH * bn * Dv)
                 if key_padding_mask is not None:
                     counter.load("mask", BH * bn)
-            # Causal: queries before key n0 see nothing in this block; start at row r0.
-            r0 = max(n0 - m0, 0) if causal else 0
+            # Causal: queries i with i + offset < n0 see nothing in this block; start at row r0.
+            r0 = max(n0 - causal_offset - m0, 0) if causal else 0
             rows = bm - r0
             qk = qk_buf[: BH * rows * bn].view(BH, rows, bn)  # (BH,rows,bn) score tile
             torch.bmm(Q_i[:, r0:], Kt[:, :, n0:n1], out=qk)  # (BH,rows,D) @ (BH,D,bn) -> (BH,rows,bn)
-            if causal and n1 > m0 + r0:
-                # Rows whose query index is < n1 - 1 see only part of the block (the diagonal).
-                diag = min(rows, n1 - 1 - (m0 + r0))  # rows that need the triangle
-                off = (m0 + r0) - n0  # column offset of the first such row's diagonal
+            if causal and n1 - 1 > m0 + r0 + causal_offset:
+                # Rows whose query index + offset is < n1 - 1 see only part of the block (the diagonal).
+                diag = min(rows, n1 - 1 - (m0 + r0 + causal_offset))  # rows that need the triangle
+                off = (m0 + r0 + causal_offset) - n0  # column offset of the first such row's diagonal
                 qk[:, :diag].masked_fill_(above_diag[off:off + diag, :bn], float("-inf"))
             if key_padding_mask is not None:
                 qk.masked_fill_(hidden[:, :, n0:n1], float("-inf"))  # (BH,rows,bn) with (BH,1,bn)
@@ -261,10 +267,6 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
             counter.store("O", BH * bm * Dv)
             counter.store("lse", BH * bm)
 
-    # Overflow, checked once: a +inf score makes its row's max +inf and its lse nan (or +inf).
-    # A row that sees no key has lse = -inf, which is not an overflow.
-    if bool((torch.isnan(lse) | torch.isposinf(lse)).any()):
-        raise overflow_error(work)
     out = out.view(B, H, L, Dv).to(q.dtype)  # (BH,L,Dv) -> (B,H,L,Dv)
     lse = lse.view(B, H, L)  # (BH,L) -> (B,H,L)
     return out, lse
@@ -373,8 +375,8 @@ def flash_attention_backward_torch(q, k, v, out, lse, dout, *, causal: bool = Fa
                            block_m=block_m, block_n=block_n)
 
 
-def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n):
-    """flash_attention_backward_torch 的主体（输入已检查过，scale 已是数）。"""
+def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n, causal_offset=0):
+    """flash_attention_backward_torch 的主体（输入已检查过，scale 已是数）；causal_offset 同前向。"""
     (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
     work = _work_dtype(q.dtype)
     dev = q.device
@@ -404,21 +406,22 @@ def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale,
         col_minus_row = (torch.arange(bn_max, device=dev)[None, :]
                          - torch.arange(bm_max, device=dev)[:, None])  # (BLOCK_M,BLOCK_N)
 
-    n_end = min(S, L) if causal else S  # causal: keys after the last query get zero gradients
+    n_end = max(min(S, L + causal_offset), 0) if causal else S  # causal: keys no query sees get zero gradients
     for n0 in range(0, n_end, block_n):
         n1 = min(n0 + block_n, n_end)
         bn = n1 - n0
         K_j, V_j = K[:, n0:n1], V[:, n0:n1]  # (BH,bn,D), (BH,bn,Dv)
         dK_j = torch.zeros(BH, bn, D, dtype=work, device=dev)  # (BH,bn,D)
         dV_j = torch.zeros(BH, bn, Dv, dtype=work, device=dev)  # (BH,bn,Dv)
-        first = n0 // block_m if causal else 0  # causal: query blocks ending before key n0 see none of K_j
+        # causal: query blocks ending before query n0 - offset see none of K_j
+        first = max(n0 - causal_offset, 0) // block_m if causal else 0
         for i in range(first, len(m_starts)):
             m0 = m_starts[i]
             m1 = min(m0 + block_m, L)
             bm = m1 - m0
             hide = None if hidden is None else hidden[:, :, n0:n1]  # (BH,1,bn)
-            if causal and n1 - 1 > m0:  # some key of the block comes after some query: the diagonal
-                diag = col_minus_row[:bm, :bn] > (m0 - n0)  # (bm,bn), True = key after query
+            if causal and n1 - 1 > m0 + causal_offset:  # some key of the block comes after some query: the diagonal
+                diag = col_minus_row[:bm, :bn] > (m0 + causal_offset - n0)  # (bm,bn), True = key after query + offset
                 hide = diag if hide is None else (hide | diag)  # (BH,bm,bn) or (bm,bn)
             _attn_bwd_dkdv(Q[:, m0:m1], K_j, V_j, dO[:, m0:m1], neg_lse2[:, m0:m1], neg_delta[:, m0:m1],
                            dK_j, dV_j, dQ_blocks[i],

@@ -71,7 +71,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
                     k_base, v_base, kpm_base,  #
                     stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
                     offs_m, offs_n, offs_d, offs_dv,  #
-                    lo, hi, S, qk_scale,  #
+                    lo, hi, S, qk_scale, causal_offset,  #
                     D: tl.constexpr, DV: tl.constexpr,  #
                     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
                     DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
@@ -92,7 +92,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
         if MASKED:
             visible = offs_kn[None, :] < S
             if CAUSAL:
-                visible = visible & (offs_kn[None, :] <= offs_m[:, None])
+                visible = visible & (offs_kn[None, :] <= offs_m[:, None] + causal_offset)
             qk = tl.where(visible, qk, float("-inf"))
         if HAS_KPM:
             present = tl.load(kpm_base + offs_kn * stride_kpm_n, mask=offs_kn < S, other=0)
@@ -128,7 +128,7 @@ def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
               stride_vb, stride_vh, stride_vn, stride_vd,  #
               stride_ob, stride_oh, stride_om, stride_od,  #
               stride_kpm_b, stride_kpm_n,  #
-              H, L, S, qk_scale, HZ_START,  #
+              H, L, S, qk_scale, CAUSAL_OFFSET, HZ_START,  #
               D: tl.constexpr, DV: tl.constexpr,  #
               CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
               DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
@@ -159,23 +159,23 @@ def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
                 mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
-    # Key range: all S keys, or (causal, top-left aligned) keys <= the block's last query.
+    # Key range: all S keys, or (causal) keys j <= i + CAUSAL_OFFSET for the block's last query i.
     if CAUSAL:
-        hi = tl.minimum(S, (start_m + 1) * BLOCK_M)
-        # Blocks ending at or before the first query of the block are fully visible.
-        full = (tl.minimum(S, start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+        hi = tl.maximum(tl.minimum(S, (start_m + 1) * BLOCK_M + CAUSAL_OFFSET), 0)
+        # Blocks ending at or before the first query (+ offset) of the block are fully visible.
+        full = (tl.maximum(tl.minimum(S, start_m * BLOCK_M + 1 + CAUSAL_OFFSET), 0) // BLOCK_N) * BLOCK_N
     else:
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
     # Stage 1: unmasked key blocks.
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
                                     stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, 0, full, S, qk_scale,  #
+                                    offs_m, offs_n, offs_d, offs_dv, 0, full, S, qk_scale, CAUSAL_OFFSET,  #
                                     D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_N)
     # Stage 2: the causal diagonal and the ragged end of S, masked.
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
                                     stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, full, hi, S, qk_scale,  #
+                                    offs_m, offs_n, offs_d, offs_dv, full, hi, S, qk_scale, CAUSAL_OFFSET,  #
                                     D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_N)
     # Paper line 12 after the last block: O_i = acc / l_i; log-sum-exp in natural log.
     # l_i == 0: the row saw no key (lse = -inf, output 0). An overflowed score (+inf) makes
@@ -219,7 +219,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
                          q_base, do_base, lse_base, delta_base,  #
                          stride_qm, stride_qd, stride_dom, stride_dod,  #
                          offs_n, offs_m0, offs_d, offs_dv,  #
-                         lo, hi, L, qk_scale,  #
+                         lo, hi, L, qk_scale, causal_offset,  #
                          D: tl.constexpr, DV: tl.constexpr,  #
                          MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
                          DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
@@ -253,7 +253,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
             pT = tl.where(key_ok[:, None], pT, 0.0)
         if MASKED:
             if CAUSAL:
-                pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, pT, 0.0)
         # -- dV_j += P_ijᵀ dO_i --  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
         if DOT_FP32:
             ppT = pT.to(do_base.dtype.element_ty).to(tl.float32)  # round P as the GPU's low-precision dot would
@@ -281,7 +281,7 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
                    stride_dkb, stride_dkh, stride_dkn, stride_dkd,  #
                    stride_dvb, stride_dvh, stride_dvn, stride_dvd,  #
                    stride_kpm_b, stride_kpm_n,  #
-                   H, L, S, qk_scale, sm_scale, HZ_START,  #
+                   H, L, S, qk_scale, sm_scale, CAUSAL_OFFSET, HZ_START,  #
                    D: tl.constexpr, DV: tl.constexpr,  #
                    CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
                    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
@@ -314,13 +314,14 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     # Query blocks: [lo, mid) causal diagonal (masked), [mid, full) see every key of the
-    # block (unmasked), [full, L) the ragged end of L (masked). Causal, top-left aligned:
-    # query i sees key j iff j <= i, so blocks before the one holding query start_n*BLOCK_N
-    # see nothing and are skipped.
+    # block (unmasked), [full, L) the ragged end of L (masked). Causal: query i sees key j
+    # iff j <= i + CAUSAL_OFFSET, so blocks before the one holding query
+    # start_n*BLOCK_N - CAUSAL_OFFSET see nothing and are skipped.
     full = (L // BLOCK_M) * BLOCK_M
     if CAUSAL:
-        lo = ((start_n * BLOCK_N) // BLOCK_M) * BLOCK_M
-        mid = tl.minimum(tl.cdiv(start_n * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M, full)
+        lo = (tl.maximum(start_n * BLOCK_N - CAUSAL_OFFSET, 0) // BLOCK_M) * BLOCK_M
+        mid = tl.minimum(tl.cdiv(tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - CAUSAL_OFFSET, 0), BLOCK_M) * BLOCK_M,
+                         full)
         tail = tl.maximum(lo, full)
     else:
         lo = 0
@@ -332,15 +333,16 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
     delta_base = Delta + off_hz * L
     dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
                                   stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, lo, mid, L, qk_scale,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, lo, mid, L, qk_scale, CAUSAL_OFFSET,  #
                                   D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_M)
     dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
                                   stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, tl.maximum(lo, mid), full, L, qk_scale,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, tl.maximum(lo, mid), full, L, qk_scale,
+                                  CAUSAL_OFFSET,  #
                                   D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_M)
     dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
                                   stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, tail, L, L, qk_scale,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, tail, L, L, qk_scale, CAUSAL_OFFSET,  #
                                   D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_M)
     dk = dk * sm_scale
     tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -355,7 +357,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
                        k_base, v_base, kpm_base,  #
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
                        offs_m, offs_n0, offs_d, offs_dv,  #
-                       lo, hi, S, qk_scale,  #
+                       lo, hi, S, qk_scale, causal_offset,  #
                        D: tl.constexpr, DV: tl.constexpr,  #
                        MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
                        DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
@@ -382,7 +384,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
         if MASKED:
             visible = offs_n[None, :] < S
             if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
             p = tl.where(visible, p, 0.0)
         if HAS_KPM:
             present = tl.load(kpm_base + offs_n * stride_kpm_n, mask=offs_n < S, other=0)
@@ -407,7 +409,7 @@ def _attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
                  stride_dob, stride_doh, stride_dom, stride_dod,  #
                  stride_dqb, stride_dqh, stride_dqm, stride_dqd,  #
                  stride_kpm_b, stride_kpm_n,  #
-                 H, L, S, qk_scale, sm_scale, HZ_START,  #
+                 H, L, S, qk_scale, sm_scale, CAUSAL_OFFSET, HZ_START,  #
                  D: tl.constexpr, DV: tl.constexpr,  #
                  CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
                  DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
@@ -441,8 +443,8 @@ def _attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
     # Key range as in the forward: causal skips blocks after the block's last query; blocks
     # ending at or before its first query are fully visible (unmasked), the rest masked.
     if CAUSAL:
-        hi = tl.minimum(S, (start_m + 1) * BLOCK_M)
-        full = (tl.minimum(S, start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N
+        hi = tl.maximum(tl.minimum(S, (start_m + 1) * BLOCK_M + CAUSAL_OFFSET), 0)
+        full = (tl.maximum(tl.minimum(S, start_m * BLOCK_M + 1 + CAUSAL_OFFSET), 0) // BLOCK_N) * BLOCK_N
     else:
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
@@ -451,11 +453,11 @@ def _attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
     kpm_base = KPM + off_b * stride_kpm_b
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm_base,  #
                             stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                            offs_m, offs_n0, offs_d, offs_dv, 0, full, S, qk_scale,  #
+                            offs_m, offs_n0, offs_d, offs_dv, 0, full, S, qk_scale, CAUSAL_OFFSET,  #
                             D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_N)
     dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm_base,  #
                             stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                            offs_m, offs_n0, offs_d, offs_dv, full, hi, S, qk_scale,  #
+                            offs_m, offs_n0, offs_d, offs_dv, full, hi, S, qk_scale, CAUSAL_OFFSET,  #
                             D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, BLOCK_N)
     dq = dq * sm_scale
     tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
@@ -643,7 +645,7 @@ def _run_first_fitting(configs: list, run) -> dict:
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, causal: bool, scale: float,
            *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None, block_n: int | None = None,
-           capability: tuple | None = None):
+           capability: tuple | None = None, causal_offset: int = 0):
     """启动前向核函数（输入已由 attn_lib.flash 检查过）。返回 (out (B,H,L,Dv), lse (B,H,L) float32)。
 
     Args:
@@ -669,7 +671,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, 
             _attn_fwd[grid](
                 q, k, v, kpm, out, lse,  #
                 *q.stride(), *k.stride(), *v.stride(), *out.stride(), *kpm_strides,  #
-                H, L, S, scale * LOG2E, start,  #
+                H, L, S, scale * LOG2E, int(causal_offset), start,  #
                 D=D, DV=Dv, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,  #
                 DOT_FP32=dot_fp32, INPUT_PRECISION=_precision(q.dtype, dot_fp32), INT64=int64,  #
                 BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_DV=cfg["BLOCK_DV"],  #
@@ -682,7 +684,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, 
 
 def launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal: bool, scale: float,
                     *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None,
-                    block_n: int | None = None, capability: tuple | None = None):
+                    block_n: int | None = None, capability: tuple | None = None, causal_offset: int = 0):
     """启动三个反向核函数（输入已由 attn_lib.flash 检查过）。返回 (dq, dk, dv)，形状和精度同 q, k, v。
 
     Args:
@@ -722,7 +724,7 @@ def launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal: bool, sca
             _attn_bwd_dkdv[(triton.cdiv(S, cfg["BLOCK_N"]), count)](
                 q, k, v, kpm, dout, lse, delta, dk, dv,  #
                 *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), *kpm_strides,  #
-                H, L, S, scale * LOG2E, scale, start, **common,  #
+                H, L, S, scale * LOG2E, scale, int(causal_offset), start, **common,  #
                 BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_DV=cfg["BLOCK_DV"],  #
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -731,7 +733,7 @@ def launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal: bool, sca
             _attn_bwd_dq[(triton.cdiv(L, cfg["BLOCK_M"]), count)](
                 q, k, v, kpm, dout, lse, delta, dq,  #
                 *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), *kpm_strides,  #
-                H, L, S, scale * LOG2E, scale, start, **common,  #
+                H, L, S, scale * LOG2E, scale, int(causal_offset), start, **common,  #
                 BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=cfg["BLOCK_D"], BLOCK_DV=cfg["BLOCK_DV"],  #
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
