@@ -316,7 +316,7 @@ def test_check_finite_can_be_turned_off():
 def test_the_layer_scans_each_input_once(monkeypatch):
     """Self-attention passes one tensor three times: it is scanned once, and attend() scans nothing more
     than the output."""
-    import attn_lib.self_attention as sa
+    import attn_lib._validate.layers as sa
 
     calls = []
     real = sa.all_finite

@@ -81,7 +81,7 @@ META = torch.device("meta")  # a device other than the CPU that every machine ha
      r"^lengths must be a 1-D integer tensor or a list of ints, got dtype torch.int64 and shape \(2, 2\)$"),
     (lambda: attn_lib.padding_mask("ab"), TypeError, r"^lengths must be a sequence of B ints \(one per sentence\), got 'ab'"),
     (lambda: attn_lib.padding_mask([]), ValueError, r"^lengths is empty: need one length per sentence in the batch$"),
-    (lambda: attn_lib.padding_mask([1], 0), ValueError, r"^S must be a positive int, got 0$"),
+    (lambda: attn_lib.padding_mask([1], 0), ValueError, r"^a length exceeds the padded length S=0: lengths=\[1\]$"),
     (lambda: attn_lib.bool_to_additive([True]), TypeError, r"^mask must be a bool tensor \(True = may attend\), got list$"),
     (lambda: attn_lib.additive_to_bool([0.0]), TypeError, r"^mask must be a floating tensor of 0 and -inf, got list$"),
     (lambda: attn_lib.additive_to_bool(torch.tensor([0.5])), ValueError,

@@ -260,7 +260,7 @@ BAD_INPUT_ROWS = [
      r"positions must have shape \(L,\) = \(3,\)"),
     ("apply_rotary: base 0", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), base=0), ValueError, r"base must be"),
     ("sinusoidal_positions: L float", lambda: sinusoidal_positions(3.0, 4), TypeError, r"L must be an int"),
-    ("sinusoidal_positions: d_model 0", lambda: sinusoidal_positions(3, 0), ValueError, r"d_model must be an int >= 1"),
+    ("sinusoidal_positions: d_model 0", lambda: sinusoidal_positions(3, 0), ValueError, r"d_model must be a positive int, got 0"),
     ("sinusoidal_positions: base string", lambda: sinusoidal_positions(3, 4, base="1e4"), TypeError,
      r"base must be a positive number"),
     ("KVCache: another batch size", lambda: _cache_with(B=2).append(*_kv(B=3)), ValueError,
