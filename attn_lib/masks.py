@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import check_int
-from ._validate.sequences import check_lengths
+from ._validate.sequences import check_additive_mask, check_bool_mask, check_causal_args, check_lengths
 
 
 def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> torch.Tensor:
@@ -62,12 +61,7 @@ def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device
     Returns:
         Bool tensor of shape (L, S).
     """
-    L = check_int("L", L, 0)
-    S = L if S is None else check_int("S", S, 0)
-    if not isinstance(align, str):
-        raise TypeError(f'align must be the string "top-left" or "bottom-right", got {align!r}')
-    if align not in ("top-left", "bottom-right"):
-        raise ValueError(f'align must be "top-left" or "bottom-right", got {align!r}')
+    L, S = check_causal_args(L, S, align)
     diagonal = 0 if align == "top-left" else S - L  # bottom-right: query i is position i + S - L
     return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal)  # (L,S) lower triangle incl. diagonal
 
@@ -110,11 +104,7 @@ def bool_to_additive(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> 
     Returns:
         Float tensor of ``mask``'s shape: 0.0 where True, ``-inf`` where False.
     """
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a bool tensor (True = may attend), got {found}")
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating dtype (it has to hold -inf), got {dtype}")
+    check_bool_mask(mask, dtype)
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # same shape as mask
     return zeros.masked_fill(~mask, float("-inf"))  # hidden -> -inf, visible -> 0
 
@@ -131,17 +121,7 @@ def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
     Returns:
         Bool tensor of ``mask``'s shape: True where the entry is 0.
     """
-    if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
-        found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a floating tensor of 0 and -inf, got {found}")
-    hidden = torch.isneginf(mask)  # same shape as mask
-    other = ~hidden & (mask != 0)
-    if other.any():
-        bad = mask[other][0].item()
-        raise ValueError(
-            f"mask has {int(other.sum())} entries that are neither 0 nor -inf (e.g. {bad}); "
-            "such a bias cannot be expressed as a bool mask, pass the float mask to attention as it is"
-        )
+    hidden = check_additive_mask(mask)  # same shape as mask, True = -inf
     return ~hidden
 
 

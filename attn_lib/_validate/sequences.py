@@ -76,6 +76,42 @@ def _positions(positions, B: int, L: int, device) -> torch.Tensor:
     return pos
 
 
+def check_causal_args(L, S, align) -> tuple[int, int]:
+    """causal_mask 的参数：L、S 是 >= 0 的整数（S 默认等于 L），align 是 "top-left" 或 "bottom-right"；返回 (L, S)。"""
+    L = check_int("L", L, 0)
+    S = L if S is None else check_int("S", S, 0)
+    if not isinstance(align, str):
+        raise TypeError(f'align must be the string "top-left" or "bottom-right", got {align!r}')
+    if align not in ("top-left", "bottom-right"):
+        raise ValueError(f'align must be "top-left" or "bottom-right", got {align!r}')
+    return L, S
+
+
+def check_bool_mask(mask, dtype) -> None:
+    """bool_to_additive 的参数：mask 是布尔张量，dtype 是能放下 -inf 的浮点 dtype。"""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got {found}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating dtype (it has to hold -inf), got {dtype}")
+
+
+def check_additive_mask(mask) -> torch.Tensor:
+    """additive_to_bool 的参数：只含 0 和 -inf 的浮点张量；返回 -inf 的位置 (mask 的形状，True = 盖住)。"""
+    if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
+        found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a floating tensor of 0 and -inf, got {found}")
+    hidden = torch.isneginf(mask)  # same shape as mask
+    other = ~hidden & (mask != 0)
+    if other.any():
+        bad = mask[other][0].item()
+        raise ValueError(
+            f"mask has {int(other.sum())} entries that are neither 0 nor -inf (e.g. {bad}); "
+            "such a bias cannot be expressed as a bool mask, pass the float mask to attention as it is"
+        )
+    return hidden
+
+
 def check_lengths(lengths, S) -> tuple[list[int], int]:
     """padding_mask 的参数：lengths 是 B 个 0..S 的整数（列表或一维整数张量，不收 bytes / str），S >= 0；返回 (lengths, S)。"""
     if isinstance(lengths, torch.Tensor):
@@ -172,6 +208,6 @@ def check_cache_mask_args(cache, L, is_causal) -> int:
     return L
 
 
-__all__ = ["check_base", "check_sinusoidal_args", "check_rotary_args", "check_lengths", "check_tiny_batch",
+__all__ = ["check_causal_args", "check_bool_mask", "check_additive_mask", "check_base", "check_sinusoidal_args", "check_rotary_args", "check_lengths", "check_tiny_batch",
            "check_train_args", "check_cache_append",
            "check_cache_mask_args"]
