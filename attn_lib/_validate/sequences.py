@@ -97,7 +97,7 @@ def check_bool_mask(mask, dtype) -> None:
 
 
 def check_additive_mask(mask) -> torch.Tensor:
-    """additive_to_bool 的参数：只含 0 和 -inf 的浮点张量；返回 -inf 的位置 (mask 的形状，True = 盖住)。"""
+    """additive_to_bool 的参数：只含 0 和 -inf 的浮点张量；返回 -inf 的位置（mask 的形状，True = 盖住）。"""
     if not isinstance(mask, torch.Tensor) or not mask.is_floating_point():
         found = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"mask must be a floating tensor of 0 and -inf, got {found}")
