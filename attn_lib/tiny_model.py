@@ -25,6 +25,7 @@ from .multihead import MultiHeadAttention
 from .positions import _rotate, sinusoidal_positions
 
 POSITION_KINDS = ("none", "sinusoidal", "rope")
+ROPE_BASE = 10000.0  # the wavelength scale of RoPE (apply_rotary's default)
 
 
 class RotaryMultiHeadAttention(MultiHeadAttention):
@@ -40,7 +41,7 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
     def _positions(self, q, k, past: int):
         """把 q (B,H,L,D) 和 k (B,H,S,D) 按位置 past, past+1, ... 旋转（S = L：自注意力）。"""
         pos = torch.arange(past, past + q.shape[2], device=q.device)  # (L,)
-        return _rotate(q, pos, 10000.0), _rotate(k, pos, 10000.0)  # (B,H,L,D), (B,H,S,D)
+        return _rotate(q, pos, ROPE_BASE), _rotate(k, pos, ROPE_BASE)  # (B,H,L,D), (B,H,S,D)
 
 
 class TinyItModel(nn.Module):
