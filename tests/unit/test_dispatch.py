@@ -1,0 +1,91 @@
+"""attn_lib._dispatch.attend, the one place a layer's attention is dispatched: every backend against
+attn_lib.attention given the same explicit mask (float64), with causal offsets, bool and additive
+masks, rows that see no key, and overflow."""
+import math
+
+import pytest
+import torch
+
+import attn_lib
+from attn_lib._dispatch import BACKENDS, attend, layer_mask
+
+F64 = attn_lib.tolerance(torch.float64)
+
+
+def _qkv(B=2, H=2, L=5, S=7, D=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, n, D, generator=g, dtype=torch.float64) for n in (L, S, S)]
+
+
+def _explicit(mask, L, S, is_causal, offset):
+    keep = torch.ones(L, S, dtype=torch.bool).tril(offset) if is_causal else torch.ones(L, S, dtype=torch.bool)
+    if mask is None:
+        return keep
+    return mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, float("-inf"))
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "torch"])
+@pytest.mark.parametrize("is_causal,offset", [(False, 0), (True, 0), (True, 2), (True, -2)])
+@pytest.mark.parametrize("kind", ["none", "padding", "additive padding", "pattern"])
+def test_attend_equals_the_reference_with_the_explicit_mask(backend, is_causal, offset, kind):
+    q, k, v = _qkv()
+    L, S = q.shape[2], k.shape[2]
+    pad = attn_lib.padding_mask([7, 3], S)  # (B,1,1,S)
+    g = torch.Generator().manual_seed(1)
+    mask = {"none": None, "padding": pad, "additive padding": attn_lib.bool_to_additive(pad, torch.float64),
+            "pattern": torch.rand(2, 1, L, S, generator=g) > 0.4}[kind]
+    if backend == "torch" and kind in ("additive padding", "pattern"):
+        pytest.skip("the tiled path takes bool key padding masks only (refused at the layer's door)")
+    scale = 1 / math.sqrt(q.shape[-1])
+    out, scores = attend(q, k, v, mask, is_causal=is_causal, causal_offset=offset, scale=scale,
+                         need_weights=backend in ("auto", "reference"), backend=backend, check_finite=True)
+    want, want_scores = attn_lib.attention(q, k, v, mask=_explicit(mask, L, S, is_causal, offset))
+    torch.testing.assert_close(out, want, **F64)
+    if backend in ("auto", "reference"):
+        torch.testing.assert_close(scores, want_scores, **F64)
+    else:
+        assert scores is None
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "torch"])
+def test_rows_that_see_no_key_give_zeros(backend):
+    q, k, v = _qkv(L=6, S=3)
+    out, _ = attend(q, k, v, None, is_causal=True, causal_offset=-3, scale=0.5, need_weights=False,
+                    backend=backend, check_finite=True)  # queries 0..2 see no key
+    assert (out[:, :, :3] == 0).all() and out[:, :, 3:].abs().max() > 0.01
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "torch"])
+def test_overflow_raises_on_every_backend_unless_checks_are_off(backend):
+    q, k, v = _qkv(B=1, H=1, L=2, S=2, D=2)
+    q = q * 1e200
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        attend(q, k * 1e200, v, None, is_causal=False, scale=1.0, need_weights=False, backend=backend,
+               check_finite=True)
+    out, _ = attend(q, k * 1e200, v, None, is_causal=False, scale=1.0, need_weights=False, backend=backend,
+                    check_finite=False)
+    assert out.shape == (1, 1, 2, 2)  # no error: the caller turned the checks off
+
+
+def test_auto_means_reference_with_scores_and_sdpa_without(monkeypatch):
+    import attn_lib._dispatch as d
+
+    seen = []
+    real_ref, real_sdpa = d._reference, d._sdpa
+    monkeypatch.setattr(d, "_reference", lambda *a: seen.append("reference") or real_ref(*a))
+    monkeypatch.setattr(d, "_sdpa", lambda *a: seen.append("sdpa") or real_sdpa(*a))
+    q, k, v = _qkv()
+    attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=True, backend="auto", check_finite=True)
+    attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="auto", check_finite=True)
+    attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="reference", check_finite=True)
+    assert seen == ["reference", "sdpa", "reference"]
+    assert BACKENDS == attn_lib.BACKENDS
+
+
+def test_layer_mask_gives_every_layout_its_meaning():
+    B, L, S = 2, 3, 4
+    assert layer_mask(None) is None
+    assert layer_mask(torch.ones(S, dtype=torch.bool)).shape == (1, 1, 1, S)
+    assert layer_mask(torch.ones(L, S, dtype=torch.bool)).shape == (1, 1, L, S)
+    assert layer_mask(torch.ones(B, L, S, dtype=torch.bool)).shape == (B, 1, L, S)  # (B, L, S), not (H, L, S)
+    assert layer_mask(torch.ones(B, 2, L, S, dtype=torch.bool)).shape == (B, 2, L, S)
