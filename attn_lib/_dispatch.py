@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import flash as _flash
 from ._numerics import overflow_error, work_dtype
+from .reference import _attention_core
 
 BACKENDS = ("auto", "reference", "sdpa", "torch", "triton")
 
@@ -63,18 +65,14 @@ def attend(q, k, v, mask, *, is_causal: bool, scale: float, need_weights: bool, 
         return _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, need_weights)
     if backend == "sdpa":
         return _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite), None
-    from .flash import _flash_unchecked
-
     B, S = q.shape[0], k.shape[2]
     padding = None if mask is None else mask[:, 0, 0, :].expand(B, S)  # (B or 1,1,1,S) -> (B,S)
-    out = _flash_unchecked(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=padding, backend=backend,
+    out = _flash._flash_unchecked(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=padding, backend=backend,
                            check_overflow=check_finite, causal_offset=causal_offset)  # (B,H,L,Dv)
     return out, None
 
 
 def _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, need_weights):
-    from .reference import _attention_core
-
     B, H, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
     if B * H * L == 0:  # no query at all: nothing to compute (and nothing to reduce over)
