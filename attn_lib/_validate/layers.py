@@ -62,7 +62,7 @@ def check_need_weights(need_weights, backend: str) -> None:
         )
 
 
-def check_tensor(name: str, x, layout: str) -> None:
+def check_tensor_layout(name: str, x, layout: str) -> None:
     """x 必须是 torch 张量（报错里写出期望的布局）。"""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape {layout}, got {type(x).__name__}")
@@ -70,7 +70,7 @@ def check_tensor(name: str, x, layout: str) -> None:
 
 def check_sequence_layout(x, rank: int, layout: str) -> None:
     """split_heads / merge_heads 的参数 x：torch 张量，正好 rank 维（布局 layout）。"""
-    check_tensor("x", x, layout)
+    check_tensor_layout("x", x, layout)
     check_rank("x", x, rank, layout)
 
 
@@ -84,7 +84,7 @@ def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype, check_f
         dtype: the dtype of the layer's parameters.
         check_finite: also scan ``x`` for nan / inf (one reduction).
     """
-    check_tensor(name, x, "(B, L, C)")
+    check_tensor_layout(name, x, "(B, L, C)")
     check_rank(name, x, 3, "(B, L, C)")
     check_last_dim(name, x, d_model, "the layer's d_model")
     if not x.is_floating_point():
@@ -266,6 +266,6 @@ def check_cache_fits(cache, B: int, H: int, D: int, Dv: int, dtype, device) -> N
         )
 
 
-__all__ = ["check_backend", "check_layer_settings", "check_heads", "check_need_weights", "check_tensor", "check_sequence_layout",
-           "check_sequence_input", "check_layer_mask", "check_flash_inputs", "check_matrices", "check_self_attention_call",
-           "check_layer_call", "check_kv_cache", "check_cache_fits"]
+__all__ = ["check_backend", "check_layer_settings", "check_heads", "check_need_weights", "check_tensor_layout",
+           "check_sequence_layout", "check_sequence_input", "check_layer_mask", "check_flash_inputs", "check_matrices",
+           "check_self_attention_call", "check_layer_call", "check_kv_cache", "check_cache_fits"]

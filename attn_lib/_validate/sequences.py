@@ -178,10 +178,10 @@ def check_train_args(steps, batch_size, lr) -> tuple[int, int, float]:
 
 def check_cache_append(cache, k, v) -> None:
     """KVCache.append 的入口检查：k (B, H, S, D)、v (B, H, S, Dv) 是同精度同设备的浮点张量，且与缓存相容。"""
-    from .layers import check_cache_fits, check_tensor  # (layers imports the mask check, which imports masks)
+    from .layers import check_cache_fits, check_tensor_layout  # (layers imports the mask check, which imports masks)
 
     for name, t in (("k", k), ("v", v)):
-        check_tensor(name, t, "(B, H, S, D)")
+        check_tensor_layout(name, t, "(B, H, S, D)")
         check_rank(name, t, 4, "(B, H, S, D)")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
