@@ -7,7 +7,10 @@
 One attention layer, no feed-forward block: the answer has to come through the attention
 weights of the 「它」 position. Training runs in float64 on one CPU thread (whatever the
 process's thread count), so a fixed seed gives the same weights, the same accuracy and the
-same argmax tokens on every run, with 1 or 2 threads.
+same argmax tokens on every run, with 1 or 2 threads. ``one_thread`` sets torch's intra-op
+thread count to 1 for the duration of ``train`` / ``predict`` and restores it afterwards: the
+one process-wide setting the library touches, because torch has no per-call thread count and
+float64 sums split over 2 threads differ in the last bits.
 """
 from __future__ import annotations
 
