@@ -212,3 +212,48 @@ def test_a_causal_tiled_layer_prefills_a_prompt_with_a_cache(backend):
     x = _x(1, 3)
     with torch.no_grad():
         assert_close(fast(x, kv_cache=KVCache()), ref(x), dtype=torch.float32, what="prefill")
+
+
+# --- checked once, at the door: the check package is entered once per call -------------------------------
+
+def _entries_into_the_check_package(call) -> int:
+    """Follow the call with sys.setprofile: how often the innermost attn_lib frame moves from a module
+    outside attn_lib._validate to one inside it."""
+    stack, entries = [], 0
+
+    def profile(frame, event, arg):
+        nonlocal entries
+        if event not in ("call", "return"):
+            return
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith("attn_lib"):
+            return
+        before = stack[-1] if stack else ""
+        if event == "call":
+            stack.append(name)
+        elif stack:
+            stack.pop()
+        now = stack[-1] if stack else ""
+        if now.startswith("attn_lib._validate") and not before.startswith("attn_lib._validate"):
+            entries += 1
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return entries
+
+
+@pytest.mark.parametrize("backend", [b for b in RUNNABLE if b != "triton"])
+@pytest.mark.parametrize("Layer", LAYERS, ids=lambda c: c.__name__)
+def test_a_layer_call_enters_the_check_package_once(Layer, backend):
+    layer = _make(Layer, backend, is_causal=True)
+    x = _x()
+    with torch.no_grad():
+        layer(x)  # warm up: lazy imports
+        assert _entries_into_the_check_package(lambda: layer(x)) == 1
+        if Layer in CACHE_LAYERS:
+            cache = KVCache()
+            layer(x[:, :2], kv_cache=cache)
+            assert _entries_into_the_check_package(lambda: layer(x[:, 2:3], kv_cache=cache)) == 1
