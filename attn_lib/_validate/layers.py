@@ -1,8 +1,8 @@
 """第 5、7、10 章共用（书中不单独讲）：层的入口检查——一次层调用只在这里检查一次，之后的代码不再检查。
 
-One function per door: ``check_self_attention_call`` (chapter 5's ``SelfAttention``),
-``check_layer_call`` (chapter 7's two multi-head classes and chapter 10's rotary one) and
-``check_cache_append`` (``KVCache.append``). Each checks everything a call could get wrong,
+One function per door: ``check_self_attention_call`` (chapter 5's ``SelfAttention``) and
+``check_layer_call`` (chapter 7's two multi-head classes and chapter 10's rotary one; the KV
+cache's own door ``KVCache.append`` is in ``_validate/sequences.py``). Each checks everything a call could get wrong,
 *before* anything changes (a KV cache is extended only after the whole call succeeded), scans
 each distinct input for nan / inf at most once (``check_finite``), and leaves the shaping of
 masks and the choice of attention path to ``attn_lib._dispatch``.
