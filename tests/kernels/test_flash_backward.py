@@ -12,17 +12,9 @@ from attn_lib.flash_torch import flash_attention_backward_torch, flash_attention
 from attn_lib.io_model import largest_tensor
 from attn_lib.tolerances import assert_close
 
-from attn_paths import flash_inputs as make_inputs
+from attn_paths import flash_inputs as make_inputs, reference_grads
 
 OVERFLOW = "attention scores overflowed to \\+inf"
-
-
-def reference_grads(q, k, v, kpm, causal, dout, scale=None):
-    """dq, dk, dv of the float64 reference attn_lib.attention by autograd."""
-    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    mask = None if kpm is None else kpm[:, None, None, :]  # (B,S) -> (B,1,1,S)
-    out, _ = attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)
-    return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
 @pytest.fixture
@@ -81,7 +73,7 @@ def test_float64_grads_match_reference_autograd(shape, causal, padding):
     B, H, L, S, D, Dv = shape
     q, k, v, kpm = make_inputs(B, H, L, S, D, Dv, padding=padding, seed=1)
     dout = torch.randn(B, H, L, Dv, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    expected = reference_grads(q, k, v, kpm, causal, dout)
+    expected = reference_grads(q, k, v, dout, kpm, causal)
     out, lse = flash_attention_torch(q, k, v, causal=causal, key_padding_mask=kpm)
     for bm, bn in BLOCKS:
         grads = flash_attention_backward_torch(q, k, v, out, lse, dout, causal=causal, key_padding_mask=kpm,
@@ -97,7 +89,7 @@ def test_custom_scale_and_non_contiguous_dout():
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     out = flash_attention(qg, kg, vg, causal=True, scale=0.3, key_padding_mask=kpm, backend="torch")
     out.sum().backward()  # dout is an expanded (stride 0) tensor of ones
-    expected = reference_grads(q, k, v, kpm, True, torch.ones(2, 3, 33, 5, dtype=torch.float64), scale=0.3)
+    expected = reference_grads(q, k, v, torch.ones(2, 3, 33, 5, dtype=torch.float64), kpm, True, scale=0.3)
     for name, g, e in zip("qkv", (qg.grad, kg.grad, vg.grad), expected):
         assert_close(g, e, what=f"d{name}")
 
@@ -126,7 +118,7 @@ def test_float32_grads_within_tolerance(causal):
     out = flash_attention(q32, k32, v32, causal=causal, key_padding_mask=kpm, backend="torch")
     assert out.dtype == torch.float32
     out.backward(dout.float())
-    expected = reference_grads(q32, k32, v32, kpm, causal, dout.float())  # float64 on the rounded inputs
+    expected = reference_grads(q32, k32, v32, dout.float(), kpm, causal)  # float64 on the rounded inputs
     for name, g, e in zip("qkv", (q32.grad, k32.grad, v32.grad), expected):
         assert g.dtype == torch.float32
         assert_close(g, e, dtype=torch.float32, what=f"float32 d{name}")
@@ -140,7 +132,7 @@ def test_low_precision_grads_are_finite_and_close():
         ql, kl, vl = (t.to(dtype).requires_grad_() for t in (q, k, v))
         out = flash_attention(ql, kl, vl, causal=True, key_padding_mask=kpm, backend="torch")
         out.backward(dout.to(dtype))
-        expected = reference_grads(ql, kl, vl, kpm, True, dout.to(dtype))
+        expected = reference_grads(ql, kl, vl, dout.to(dtype), kpm, True)
         for name, g, e in zip("qkv", (ql.grad, kl.grad, vl.grad), expected):
             assert g.dtype == dtype
             assert_close(g, e, dtype=dtype, what=f"{dtype} d{name}")
@@ -225,7 +217,7 @@ def test_naive_attention_backward_with_key_padding():
     out = fn(*inputs)
     dout = torch.randn_like(out)
     got = torch.autograd.grad(out, inputs, dout)
-    for g, e in zip(got, reference_grads(q, k, v, kpm, True, dout)):
+    for g, e in zip(got, reference_grads(q, k, v, dout, kpm, True)):
         assert torch.isfinite(g).all()
         assert_close(g, e)
 
@@ -337,7 +329,7 @@ def test_one_and_three_intra_op_threads_give_the_same_numbers(B, H):
         assert torch.equal(torch.isneginf(a), torch.isneginf(b))
         fin = torch.isfinite(a)
         assert_close(a[fin], b[fin], what="3 threads vs 1")
-    expected = reference_grads(q, k, v, kpm, True, dout)
+    expected = reference_grads(q, k, v, dout, kpm, True)
     for g, e in zip(results[3][2:], expected):
         assert_close(g, e)
 
