@@ -188,10 +188,3 @@ def test_non_differentiable_outputs_say_so(name):
         assert out.dtype == torch.bool or name in ("bool_to_additive", "sinusoidal_positions")
     else:
         assert out is None or isinstance(out, int)
-
-
-def test_scale_with_grad_is_refused_by_name():
-    """The one tensor argument that is not differentiable: a clear error, never a detached gradient."""
-    q = _r(1, 1, 2, 4)
-    with pytest.raises(TypeError, match=r"scale is not differentiable.*attention\(q \* s, k, v, scale=1.0\)"):
-        attn_lib.attention(q, q, q, scale=torch.tensor(math.sqrt(2), requires_grad=True))

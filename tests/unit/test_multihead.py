@@ -139,32 +139,3 @@ def test_split_and_merge_heads_are_inverse(rng):
     assert heads.shape == (2, 3, 5, 4)
     assert torch.equal(heads[:, 1], x[..., 4:8])  # head 1 holds channels 4..7
     assert torch.equal(attn_lib.merge_heads(heads), x)
-
-
-def test_divisibility_error_names_both_numbers():
-    with pytest.raises(ValueError, match=r"d_model=768 is not divisible by num_heads=10"):
-        MultiHeadAttention(768, 10)
-    with pytest.raises(ValueError, match=r"d_model=6 is not divisible by num_heads=4"):
-        LoopedMultiHeadAttention(6, 4)
-    with pytest.raises(ValueError, match="num_heads must be a positive int"):
-        MultiHeadAttention(8, 0)
-
-
-@pytest.mark.parametrize("args,exc,pattern", [
-    ((torch.zeros(5, 8),), ValueError, r"query must be 3-D \(B, L, C\).*unsqueeze\(0\)"),
-    ((torch.zeros(1, 5, 6),), ValueError, r"query has last dimension 6.*d_model is 8"),
-    ((torch.zeros(1, 5, 8), torch.zeros(1, 4, 6)), ValueError, r"key has last dimension 6"),
-    ((torch.zeros(1, 5, 8), torch.zeros(2, 4, 8)), ValueError, r"same batch size"),
-    ((torch.zeros(1, 5, 8), torch.zeros(1, 4, 8), torch.zeros(1, 3, 8)), ValueError, r"same length S"),
-    ((torch.zeros(1, 5, 8, dtype=torch.float64),), TypeError, r"dtype torch.float64.*float32"),
-])
-def test_input_errors(args, exc, pattern):
-    mha = MultiHeadAttention(8, 2)
-    with pytest.raises(exc, match=pattern):
-        mha(*args)
-
-
-def test_mask_shape_error_names_scores_shape():
-    mha = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match=r"\(B, H, L, S\) = \(1, 2, 5, 5\)"):
-        mha(torch.zeros(1, 5, 8), mask=torch.ones(4, 5, dtype=torch.bool))

@@ -34,24 +34,8 @@ def test_minus_inf_gets_zero_and_all_minus_inf_row_is_zeros():
     assert np.allclose(numpy_ref.softmax(x.numpy()), p.numpy(), atol=1e-7)
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_nan_and_plus_inf_raise(bad):
-    x = torch.tensor([0.0, bad])
-    with pytest.raises(ValueError, match="nan"):
-        attn_lib.softmax(x)
-    with pytest.raises(ValueError, match="nan"):
-        numpy_ref.softmax(x.numpy())
-
-
 def test_half_precision_and_dtype_preserved():
     x = torch.tensor([10.0, 0.0, -5.0], dtype=torch.float16)
     p = attn_lib.softmax(x)
     assert p.dtype == torch.float16
     assert torch.allclose(p.float(), torch.softmax(x.float(), -1), atol=1e-3)
-
-
-def test_non_float_rejected():
-    with pytest.raises(TypeError, match="floating-point"):
-        attn_lib.softmax(torch.tensor([1, 2, 3]))
-    with pytest.raises(TypeError, match="floating-point"):
-        numpy_ref.softmax(np.array([1, 2, 3]))
