@@ -75,3 +75,14 @@ def test_bool_and_additive_give_same_attention(dtype, rng):
     b, sb = attn_lib.attention(q, q, q, mask=bool_to_additive(keep, dtype))
     assert_close(a, b, dtype=dtype)
     assert_close(sa, sb, dtype=dtype)
+
+
+# --- every mask is made on the requested device ------------------------------------------------
+META = torch.device("meta")  # a device other than the CPU that every machine has
+
+
+def test_masks_stay_on_the_requested_device():
+    assert attn_lib.padding_mask([2, 1], 3, device=META).device == META
+    assert attn_lib.padding_mask(torch.tensor([2, 1]), device=META).device == META
+    assert attn_lib.bool_to_additive(torch.ones(2, 3, dtype=torch.bool, device=META)).device == META
+    assert attn_lib.causal_mask(3, device=META).device == META
