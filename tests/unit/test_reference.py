@@ -33,7 +33,7 @@ def test_matches_torch_sdpa(dtype, shape, is_causal, rng):
     assert_close(out, expected, dtype=dtype)
     assert scores.shape == shape[:3] + (shape[3],)
     row_sums = scores.sum(-1)
-    assert torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-6)
+    assert_close(row_sums, torch.ones_like(row_sums), dtype=dtype, what="rows of the scores sum to 1")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
