@@ -117,7 +117,8 @@ NOT_DIFFERENTIABLE = {
 NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tolerance", "standard_attention_io",
               "flash_attention_io", "tiled_attention_io", "IOCounter"}
 
-# Owned by the FlashAttention backward (issue 10): made differentiable there, audited by its tests.
+# Made differentiable by the FlashAttention backward and audited by its tests (tests/kernels/test_flash_backward.py,
+# tests/kernels/test_flash_triton_backward.py).
 OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
                    "flash_attention_backward_torch", "flash_attention_triton_backward",  # compute gradients
                    "KVCache"}  # a container for generation: tests/unit/test_positions_cache.py
