@@ -7,7 +7,6 @@ has to be classified before the suite passes.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

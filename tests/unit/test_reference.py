@@ -1,5 +1,4 @@
 """The reference attention (torch) and its numpy twin against torch's own SDPA."""
-import math
 
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """SelfAttention: x -> three projections -> attention; causal parallel == sequential."""
 import math
 
-import pytest
 import torch
 
 import attn_lib
