@@ -267,7 +267,9 @@ def _linear64(x, w, b):
     return y + b.double() if b is not None else y
 
 
-def _mha_reference64(layer, xq, xk, xv, mask):
+def mha_reference64(layer, xq, xk=None, xv=None, mask=None):
+    """float64 recomputation of a fused multi-head layer from its weights (plain matrix products and
+    attn_lib.attention); xk / xv None = self-attention; mask as the layer takes it."""
     C, H = layer.d_model, layer.num_heads
     xk = xq if xk is None else xk
     xv = xk if xv is None else xv
@@ -316,11 +318,11 @@ MODULES: dict[str, ModulePath] = {
     "multihead": ModulePath(
         "multihead",
         lambda c: _seeded_(attn_lib.MultiHeadAttention(c.H * c.D, c.H, is_causal=c.causal), c.seed, c.torch_dtype),
-        _mha_forward, _mha_reference64),
+        _mha_forward, mha_reference64),
     "multihead_looped": ModulePath(
         "multihead_looped",
         lambda c: attn_lib.LoopedMultiHeadAttention.from_fused(MODULES["multihead"].build(c)),
-        _mha_forward, lambda layer, *a: _mha_reference64(_looped_as_fused(layer), *a)),
+        _mha_forward, lambda layer, *a: mha_reference64(_looped_as_fused(layer), *a)),
     "self_attention": ModulePath(
         "self_attention",
         lambda c: _seeded_(attn_lib.SelfAttention(c.H * c.D, c.D, c.Dv, bias=True, is_causal=c.causal),

@@ -18,19 +18,9 @@ from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention
 from attn_lib._validate import OVERFLOW_MESSAGE
 from attn_lib.tolerances import assert_close
 
-from attn_paths import DISTINGUISHABLE, randn64, seed_weights
+from attn_paths import DISTINGUISHABLE, mha_reference64, randn64, seed_weights
 
 LAYERS = [MultiHeadAttention, LoopedMultiHeadAttention]
-
-
-def _mha64(layer, x, mask4):
-    """float64 recomputation of a fused layer with a 4-D mask, from its weights and attn_lib.attention."""
-    C, H = layer.d_model, layer.num_heads
-    qkv = x @ layer.qkv.weight.T + (layer.qkv.bias if layer.qkv.bias is not None else 0)  # (B,L,3C)
-    q, k, v = (t.reshape(x.shape[0], x.shape[1], H, C // H).transpose(1, 2) for t in qkv.split(C, -1))  # (B,H,L,D)
-    out, _ = attn_lib.attention(q, k, v, mask=mask4, is_causal=layer.is_causal)
-    merged = out.transpose(1, 2).reshape(x.shape)  # (B,H,L,D) -> (B,L,C)
-    return merged @ layer.out_proj.weight.T + layer.out_proj.bias
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,8 +97,8 @@ def test_3d_mask_is_per_sequence_when_B_equals_H(Layer, need_weights):
     with torch.no_grad():
         out = layer(x, mask=mask, need_weights=need_weights)
         out = out[0] if need_weights else out
-        expected = _mha64(fused, x, mask[:, None])  # (B,1,L,S): the same pattern in every head
-        per_head = _mha64(fused, x, mask[None])  # (1,H,L,S): the old reading
+        expected = mha_reference64(fused, x, mask=mask[:, None])  # (B,1,L,S): the same pattern in every head
+        per_head = mha_reference64(fused, x, mask=mask[None])  # (1,H,L,S): the old reading
     assert_close(out, expected, dtype="float64", what=f"{Layer.__name__} 3-D mask")
     assert (out - per_head).abs().max() > DISTINGUISHABLE, "the test must tell (B, L, S) from (H, L, S)"
     if need_weights:
@@ -133,7 +123,7 @@ def test_4d_mask_is_per_head_and_wrong_3d_shapes_are_refused():
     layer = seed_weights(MultiHeadAttention(C, H)).double()
     x = randn64(B, L, C)
     mask4 = torch.rand(B, H, L, L, generator=torch.Generator().manual_seed(2)) < 0.6  # (B,H,L,S)
-    assert_close(layer(x, mask=mask4), _mha64(layer, x, mask4), dtype="float64", what="4-D mask")
+    assert_close(layer(x, mask=mask4), mha_reference64(layer, x, mask=mask4), dtype="float64", what="4-D mask")
     with pytest.raises(ValueError, match=r"a 3-D mask means \(B, L, S\) = \(2, 4, 4\).*got \(3, 4, 4\).*4-D"):
         layer(x, mask=torch.ones(3, L, L, dtype=torch.bool))
 
@@ -234,7 +224,7 @@ def _overflowing(dtype=torch.float32):
 
 def test_reference_and_numpy_raise_on_overflow():
     q, k, v = _overflowing()
-    pattern = re.escape(OVERFLOW_MESSAGE) + r" \(\|scale·q·k\| exceeds the range of float32\); compute in float64"
+    pattern = re.escape(OVERFLOW_MESSAGE) + r" \(\|scale·q·k\| exceeds the range of float32\); compute in float64 or use a smaller scale"
     with pytest.raises(ValueError, match=pattern):
         attn_lib.attention(q, k, v)
     with pytest.raises(ValueError, match=pattern):
