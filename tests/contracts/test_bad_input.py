@@ -244,7 +244,7 @@ if hasattr(attn_lib, "MultiHeadAttention"):
         ("MultiHeadAttention: value batch", mha(X, X, t(1, 3, 8)), ValueError, r"same batch size B, got 2, 2 and 1"),
         ("MultiHeadAttention: value last dim", mha(X, X, t(2, 3, 5)), ValueError, r"^value has last dimension 5"),
         ("MultiHeadAttention: mask", mha(X, mask=torch.ones(4, 4, dtype=torch.bool)), ValueError,
-         r"mask has shape \(4, 4\), which does not broadcast.*\(2, 2, 3, 3\)"),
+         r"mask has shape \(4, 4\), which does not broadcast.*\(B, H, L, S\) = \(2, 2, 3, 3\)"),
         ("MultiHeadAttention: nan in query", mha(_nan(2, 3, 8)), ValueError, r"query contains nan or inf"),
         ("MultiHeadAttention: num_heads str", lambda: MultiHeadAttention(8, "2"), TypeError, r"num_heads must be a positive int, got '2' \(str\)"),
         ("MultiHeadAttention: backend name", lambda: MultiHeadAttention(8, 2, backend="cuda"), ValueError,
