@@ -466,6 +466,20 @@ def _kv(B=2, dtype=torch.float32, device="cpu"):
     return torch.zeros(B, 2, 1, 4, dtype=dtype, device=device), torch.zeros(B, 2, 1, 4, dtype=dtype, device=device)
 
 
+def _cache_of_another_layer():
+    cache = KVCache()
+    MultiHeadAttention(4, 2, is_causal=True)(torch.zeros(1, 1, 4), kv_cache=cache)
+    MultiHeadAttention(4, 2, is_causal=True)(torch.zeros(1, 1, 4), kv_cache=cache)
+
+
+def _tiny(max_len=64):
+    return tiny_model.TinyItModel(len(it_data.VOCAB), len(it_data.OBJECTS), positions="sinusoidal", max_len=max_len)
+
+
+def _it_batch():
+    return it_data.encode(it_data.make_split("train", 8))
+
+
 ROWS += [
     ("apply_rotary: odd D", lambda: apply_rotary(torch.zeros(1, 1, 3, 5)), ValueError, r"even head dim D.*got D=5"),
     ("apply_rotary: 3-D x", lambda: apply_rotary(torch.zeros(1, 3, 4)), ValueError, r"x must be 4-D"),
@@ -501,6 +515,28 @@ ROWS += [
     ("it_data.make_split: unknown split", lambda: it_data.make_split("dev", 3), ValueError, r'split must be "train"'),
     ("tiny_model.TinyItModel: unknown positions", lambda: tiny_model.TinyItModel(5, 3, positions="alibi"), ValueError,
      r"positions must be one of"),
+    ("KVCache: k and v dtypes differ", lambda: KVCache().append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4, dtype=torch.float64)),
+     TypeError, r"k and v must have the same dtype, got k=torch.float32, v=torch.float64"),
+    ("KVCache.attention_mask: L beyond the cache", lambda: KVCache().attention_mask(None, 1, True), ValueError,
+     r"L must be at most the number of cached positions S=0"),
+    ("KVCache.attention_mask: is_causal str", lambda: KVCache().attention_mask(None, 0, "no"), TypeError,
+     r"is_causal must be True or False, got 'no'"),
+    ("MultiHeadAttention: one kv_cache for two layers", lambda: _cache_of_another_layer(), ValueError,
+     r"kv_cache already serves another layer; one cache serves one attention layer.*its own KVCache.*cache.reset\(\)"),
+    ("SelfAttention: the old backend name", lambda: SelfAttention(4, backend="flash"), ValueError,
+     r"got 'flash'; the tiled FlashAttention path is now 'torch' \(or 'triton'\)"),
+    ("padding_mask: bytes", lambda: attn_lib.padding_mask(b"\x03\x01"), TypeError, r"lengths must be a sequence of B ints"),
+    ("tiny_model.RotaryMultiHeadAttention: odd head dim", lambda: tiny_model.RotaryMultiHeadAttention(6, 2), ValueError,
+     r"head dim D = d_model / num_heads must be even for rotary positions.*D=3"),
+    ("tiny_model.TinyItModel: longer than the position table", lambda: _tiny(max_len=4)(
+        torch.zeros(2, 5, dtype=torch.int64), torch.tensor([5, 5]), torch.tensor([0, 1])), ValueError,
+     r"ids has L=5 positions but the model's position table has max_len=4"),
+    ("tiny_model.TinyItModel: float ids", lambda: _tiny()(torch.zeros(2, 5), torch.tensor([5, 5]), torch.tensor([0, 1])),
+     TypeError, r"ids must hold integers, got dtype torch.float32"),
+    ("tiny_model.train: batch_size 0", lambda: tiny_model.train(_tiny(), _it_batch(), batch_size=0), ValueError,
+     r"batch_size must be a positive int, got 0"),
+    ("tiny_model.train: steps float", lambda: tiny_model.train(_tiny(), _it_batch(), steps=2.5), TypeError,
+     r"steps must be an int >= 0, got 2.5 \(float\)"),
 ]
 
 

@@ -3,7 +3,6 @@ model as a hostile user would; each test failed before its fix."""
 import pytest
 import torch
 
-import attn_lib
 from attn_lib import KVCache, MultiHeadAttention, SelfAttention, causal_mask, padding_mask, sinusoidal_positions
 from attn_lib import it_data, tiny_model
 from attn_lib.tolerances import assert_close, tolerance
@@ -48,12 +47,11 @@ def test_a_call_that_fails_after_the_checks_leaves_the_cache_as_it_was():
     assert len(cache) == 2 and cache.keys is keys
 
 
-def test_one_cache_serves_one_layer():
+def test_a_cache_refused_by_another_layer_is_unchanged_and_reset_frees_it():
     a, b, x = _causal(0), _causal(1), _x(1, 4)
     cache = KVCache()
     a(x[:, :1], kv_cache=cache)
-    with pytest.raises(ValueError, match=r"kv_cache already serves another layer; one cache serves one attention "
-                                         r"layer.*its own KVCache.*cache.reset\(\)"):
+    with pytest.raises(ValueError, match=r"kv_cache already serves another layer"):
         b(x[:, 1:2], kv_cache=cache)
     assert len(cache) == 1
     cache.reset()  # emptied: free for another layer
@@ -61,7 +59,8 @@ def test_one_cache_serves_one_layer():
 
 
 def test_a_non_causal_layer_with_a_cache_gives_the_rows_of_a_forward_over_the_sequence_so_far():
-    """Defined, not refused: each call's queries see every cached key and their own block."""
+    """Defined, not refused: each call's queries see every cached key and their own block.
+    (Bad-input rows of these fixes, e.g. one cache for two layers, live in tests/contracts/test_bad_input.py.)"""
     torch.manual_seed(2)
     layer = MultiHeadAttention(8, 2).double()
     x = _x(2, 7)
@@ -73,21 +72,12 @@ def test_a_non_causal_layer_with_a_cache_gives_the_rows_of_a_forward_over_the_se
             start += n
 
 
-def test_attention_mask_on_an_empty_cache_and_its_flags():
+def test_attention_mask_on_an_empty_cache():
     cache = KVCache()
     assert cache.attention_mask(None, 0, True).shape == (0, 0)
     assert cache.attention_mask(None, 0, False) is None
-    with pytest.raises(ValueError, match=r"L must be at most the number of cached positions S=0"):
-        cache.attention_mask(None, 1, True)
-    with pytest.raises(TypeError, match=r"is_causal must be True or False, got 'no'"):
-        cache.attention_mask(None, 0, "no")
     cache.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
     torch.testing.assert_close(cache.attention_mask(None, 2, True), causal_mask(2, 3, align="bottom-right"))
-
-
-def test_append_with_mismatched_k_and_v_dtypes_is_a_type_error():
-    with pytest.raises(TypeError, match=r"k and v must have the same dtype, got k=torch.float32, v=torch.float64"):
-        KVCache().append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4, dtype=torch.float64))
 
 
 # --- the layers -----------------------------------------------------------------------------------------
@@ -126,34 +116,16 @@ def test_rotary_layer_keeps_no_state_between_calls():
     assert all(vars(layer)[k] is v for k, v in before.items() if not isinstance(v, dict))
 
 
-def test_rotary_layer_refuses_an_odd_head_dim_at_construction():
-    with pytest.raises(ValueError, match=r"head dim D = d_model / num_heads must be even for rotary positions.*D=3"):
-        tiny_model.RotaryMultiHeadAttention(6, 2)
-
-
 # --- the tiny model ----------------------------------------------------------------------------------
 
-def test_tiny_model_gives_clear_errors():
-    model = tiny_model.TinyItModel(10, 3, positions="sinusoidal", max_len=4)
-    ids, n = torch.zeros(2, 5, dtype=torch.int64), torch.tensor([5, 5])
-    with pytest.raises(ValueError, match=r"ids has L=5 positions but the model's position table has max_len=4"):
-        model(ids, n, torch.tensor([0, 1]))
-    with pytest.raises(TypeError, match=r"ids must hold integers, got dtype torch.float32"):
-        model(ids.float(), n, torch.tensor([0, 1]))
+def test_tiny_model_trains_zero_steps():
     data = it_data.encode(it_data.make_split("train", 8))
-    small = tiny_model.build_model("rope")
-    with pytest.raises(ValueError, match=r"batch_size must be a positive int, got 0"):
-        tiny_model.train(small, data, batch_size=0)
-    with pytest.raises(TypeError, match=r"steps must be an int >= 0, got 2.5 \(float\)"):
-        tiny_model.train(small, data, steps=2.5)
-    assert tiny_model.train(small, data, steps=0) == []
+    assert tiny_model.train(tiny_model.build_model("rope"), data, steps=0) == []
 
 
 # --- masks and positions: one wording per mistake ----------------------------------------------------
 
-def test_padding_mask_refuses_bytes_and_takes_an_explicit_zero_length():
-    with pytest.raises(TypeError, match=r"lengths must be a sequence of B ints"):
-        padding_mask(b"\x03\x01")
+def test_padding_mask_takes_an_explicit_zero_length():
     assert padding_mask([0, 0], 0).shape == (2, 1, 1, 0)
 
 
@@ -165,8 +137,3 @@ def test_sizes_are_checked_alike():
             call()
         messages.append(str(info.value))
     assert messages[0] == messages[1] == "L must be an int >= 0, got 2.0 (float); use int(2.0)"
-
-
-def test_the_old_flash_name_points_to_the_new_ones():
-    with pytest.raises(ValueError, match=r"got 'flash'; the tiled FlashAttention path is now 'torch'"):
-        attn_lib.SelfAttention(4, backend="flash")
