@@ -559,3 +559,13 @@ def test_every_public_function_has_a_row():
     missing += [n for n in ("show_heatmap", "show_heatmaps", "bar_scores") if f"{n}:" not in ids]
     assert not missing, f"no bad-input row for: {missing}"
 
+
+def test_sizes_are_checked_alike():
+    """One wording for one mistake: a float size, in causal_mask and in sinusoidal_positions."""
+    assert attn_lib.sinusoidal_positions(torch.tensor(3), 4).shape == (3, 4)  # a 0-d int tensor, as elsewhere
+    messages = []
+    for call in (lambda: attn_lib.causal_mask(2.0), lambda: attn_lib.sinusoidal_positions(2.0, 4)):
+        with pytest.raises(TypeError) as info:
+            call()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] == "L must be an int >= 0, got 2.0 (float); use int(2.0)"

@@ -257,3 +257,28 @@ def test_a_layer_call_enters_the_check_package_once(Layer, backend):
             cache = KVCache()
             layer(x[:, :2], kv_cache=cache)
             assert _entries_into_the_check_package(lambda: layer(x[:, 2:3], kv_cache=cache)) == 1
+
+
+# --- a float mask in a 16-bit layer, an empty batch ---------------------------------------------------------
+
+@pytest.mark.parametrize("Layer", [SelfAttention, MultiHeadAttention])
+def test_fp16_without_weights_adds_a_float32_mask_in_float32_as_the_weights_path(Layer):
+    torch.manual_seed(0)
+    layer = (Layer(8) if Layer is SelfAttention else Layer(8, 2)).half()
+    x = torch.randn(2, 4, 8).half()
+    for fill in (-1e9, 7e4):
+        mask = torch.zeros(2, 1, 4, dtype=torch.float32)  # (B,1,S) key padding, additive, float32
+        mask[1] = fill  # sentence 1: every key gets the same big bias (-1e9: "fully padded")
+        fast = layer(x, mask=mask)
+        weights_path = layer(x, mask=mask, need_weights=True)[0]
+        assert_close(fast, weights_path, dtype=torch.float16, what=f"mask {fill}")
+        assert fast[1].abs().max() > 0.01  # the uniform average, not zeros
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "torch"])
+def test_an_empty_batch_gives_an_empty_output(backend):
+    layer = MultiHeadAttention(8, 2, backend=backend)
+    assert layer(torch.zeros(0, 3, 8)).shape == (0, 3, 8)
+    if backend in ("auto", "reference"):
+        out, scores = layer(torch.zeros(0, 3, 8), need_weights=True)
+        assert out.shape == (0, 3, 8) and scores.shape == (0, 2, 3, 3)

@@ -112,3 +112,7 @@ def test_bottom_right_attention_equals_torch_sdpa(rng, L, S):
     torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=explicit), **F64)
     torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, S)),
                                **F64)
+
+
+def test_padding_mask_takes_an_explicit_zero_length():
+    assert padding_mask([0, 0], 0).shape == (2, 1, 1, 0)

@@ -1,7 +1,7 @@
 """The 「它」 data set (attn_lib.it_data) and the tiny model trained on it (attn_lib.tiny_model)."""
 import torch
 
-from attn_lib import it_data, tiny_model
+from attn_lib import KVCache, it_data, tiny_model
 
 
 def test_data_splits_are_disjoint_and_deterministic():
@@ -45,3 +45,19 @@ def test_tiny_model_learns_and_is_reproducible():
     assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
     assert tiny_model.accuracy(model, test) > 0.9
     assert tiny_model.accuracy(tiny_model.without_head(model, 0), test) < 0.8
+
+
+def test_rotary_layer_keeps_no_state_between_calls():
+    torch.manual_seed(3)
+    layer = tiny_model.RotaryMultiHeadAttention(8, 2, is_causal=True).double()
+    before = dict(vars(layer))
+    cache = KVCache()
+    layer(torch.randn(1, 2, 8, dtype=torch.float64), kv_cache=cache)
+    layer(torch.randn(1, 1, 8, dtype=torch.float64), kv_cache=cache)
+    assert vars(layer).keys() == before.keys() and not hasattr(type(layer), "_offset")
+    assert all(vars(layer)[k] is v for k, v in before.items() if not isinstance(v, dict))
+
+
+def test_tiny_model_trains_zero_steps():
+    data = it_data.encode(it_data.make_split("train", 8))
+    assert tiny_model.train(tiny_model.build_model("rope"), data, steps=0) == []

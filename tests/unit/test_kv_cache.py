@@ -1,11 +1,12 @@
-"""Defects found by trying to break the layers, the KV cache, the masks, the positions and the tiny
-model as a hostile user would; each test failed before its fix."""
+"""attn_lib.kv_cache with the layers: a failed call leaves the cache as it was, one cache serves one
+layer, a non-causal layer's calls are the rows of a forward over the sequence so far, the bottom-right
+mask on an empty cache. (Decoding on every backend: tests/contracts/test_layer_backends.py; bad
+input: rows in tests/contracts/test_bad_input.py.)"""
 import pytest
 import torch
 
-from attn_lib import KVCache, MultiHeadAttention, SelfAttention, causal_mask, padding_mask, sinusoidal_positions
-from attn_lib import it_data, tiny_model
-from attn_lib.tolerances import assert_close, tolerance
+from attn_lib import KVCache, MultiHeadAttention, causal_mask, padding_mask
+from attn_lib.tolerances import tolerance
 
 F64 = tolerance(torch.float64)
 
@@ -78,62 +79,3 @@ def test_attention_mask_on_an_empty_cache():
     assert cache.attention_mask(None, 0, False) is None
     cache.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
     torch.testing.assert_close(cache.attention_mask(None, 2, True), causal_mask(2, 3, align="bottom-right"))
-
-
-# --- the layers -----------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("Layer", [SelfAttention, MultiHeadAttention])
-def test_fp16_without_weights_adds_a_float32_mask_in_float32_as_the_weights_path(Layer):
-    torch.manual_seed(0)
-    layer = (Layer(8) if Layer is SelfAttention else Layer(8, 2)).half()
-    x = torch.randn(2, 4, 8).half()
-    for fill in (-1e9, 7e4):
-        mask = torch.zeros(2, 1, 4, dtype=torch.float32)  # (B,1,S) key padding, additive, float32
-        mask[1] = fill  # sentence 1: every key gets the same big bias (-1e9: "fully padded")
-        fast = layer(x, mask=mask)
-        weights_path = layer(x, mask=mask, need_weights=True)[0]
-        assert_close(fast, weights_path, dtype=torch.float16, what=f"mask {fill}")
-        assert fast[1].abs().max() > 0.01  # the uniform average, not zeros
-
-
-@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa", "torch"])
-def test_an_empty_batch_gives_an_empty_output(backend):
-    layer = MultiHeadAttention(8, 2, backend=backend)
-    assert layer(torch.zeros(0, 3, 8)).shape == (0, 3, 8)
-    if backend in ("auto", "reference"):
-        out, scores = layer(torch.zeros(0, 3, 8), need_weights=True)
-        assert out.shape == (0, 3, 8) and scores.shape == (0, 2, 3, 3)
-
-
-def test_rotary_layer_keeps_no_state_between_calls():
-    torch.manual_seed(3)
-    layer = tiny_model.RotaryMultiHeadAttention(8, 2, is_causal=True).double()
-    before = dict(vars(layer))
-    cache = KVCache()
-    layer(_x(1, 2), kv_cache=cache)
-    layer(_x(1, 1), kv_cache=cache)
-    assert vars(layer).keys() == before.keys() and not hasattr(type(layer), "_offset")
-    assert all(vars(layer)[k] is v for k, v in before.items() if not isinstance(v, dict))
-
-
-# --- the tiny model ----------------------------------------------------------------------------------
-
-def test_tiny_model_trains_zero_steps():
-    data = it_data.encode(it_data.make_split("train", 8))
-    assert tiny_model.train(tiny_model.build_model("rope"), data, steps=0) == []
-
-
-# --- masks and positions: one wording per mistake ----------------------------------------------------
-
-def test_padding_mask_takes_an_explicit_zero_length():
-    assert padding_mask([0, 0], 0).shape == (2, 1, 1, 0)
-
-
-def test_sizes_are_checked_alike():
-    assert sinusoidal_positions(torch.tensor(3), 4).shape == (3, 4)  # a 0-d int tensor, as elsewhere
-    messages = []
-    for call in (lambda: causal_mask(2.0), lambda: sinusoidal_positions(2.0, 4)):
-        with pytest.raises(TypeError) as info:
-            call()
-        messages.append(str(info.value))
-    assert messages[0] == messages[1] == "L must be an int >= 0, got 2.0 (float); use int(2.0)"
