@@ -319,6 +319,11 @@ MODULES: dict[str, ModulePath] = {
         "multihead",
         lambda c: _seeded_(attn_lib.MultiHeadAttention(c.H * c.D, c.H, is_causal=c.causal), c.seed, c.torch_dtype),
         _mha_forward, mha_reference64),
+    "multihead_reference": ModulePath(  # backend="reference": the reference core even without the scores
+        "multihead_reference",
+        lambda c: _seeded_(attn_lib.MultiHeadAttention(c.H * c.D, c.H, is_causal=c.causal, backend="reference"),
+                           c.seed, c.torch_dtype),
+        _mha_forward, mha_reference64),
     "multihead_looped": ModulePath(
         "multihead_looped",
         lambda c: attn_lib.LoopedMultiHeadAttention.from_fused(MODULES["multihead"].build(c)),

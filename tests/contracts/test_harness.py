@@ -10,7 +10,7 @@ def test_registry_is_unconditional():
     """Every path and layer is registered whatever is installed; a dropped export fails at import."""
     assert set(attn_paths.PATHS) == {"torch_reference", "numpy_reference", "tiled_cpu_flash", "flash_attention",
                                      "triton_interpreter"}
-    assert set(attn_paths.MODULES) == {"multihead", "multihead_looped", "self_attention"}
+    assert set(attn_paths.MODULES) == {"multihead", "multihead_reference", "multihead_looped", "self_attention"}
 
 
 def test_triton_path_skips_without_triton(monkeypatch):
