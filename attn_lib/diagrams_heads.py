@@ -139,7 +139,8 @@ def draw_rotation(theta: float = 0.5, positions=(0, 1, 2, 3)):
         raise ValueError(f"theta must be a number in (0, π/2), got {theta!r}; larger steps overlap in the drawing")
     positions = tuple(positions)
     if not 1 <= len(positions) <= 6 or not all(isinstance(m, int) and m >= 0 for m in positions):
-        raise ValueError(f"positions must be 1..6 non-negative ints, got {positions!r}")
+        raise ValueError(f"positions must be 1..6 non-negative ints, got {positions!r}; "
+                         "pass a few small positions such as (0, 1, 2, 3)")
     import matplotlib.pyplot as plt
 
     with book_style():
