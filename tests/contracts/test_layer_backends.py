@@ -217,25 +217,19 @@ def test_a_causal_tiled_layer_prefills_a_prompt_with_a_cache(backend):
 # --- checked once, at the door: the check package is entered once per call -------------------------------
 
 def _entries_into_the_check_package(call) -> int:
-    """Follow the call with sys.setprofile: how often the innermost attn_lib frame moves from a module
-    outside attn_lib._validate to one inside it."""
-    stack, entries = [], 0
+    """Follow the call with sys.setprofile: how many calls go into attn_lib._validate from outside it
+    (a check that calls a helper elsewhere, e.g. attn_lib._numerics, is still the same visit)."""
+    depth, entries = 0, 0  # depth: attn_lib._validate frames on the stack
 
     def profile(frame, event, arg):
-        nonlocal entries
-        if event not in ("call", "return"):
+        nonlocal depth, entries
+        if event not in ("call", "return") or not frame.f_globals.get("__name__", "").startswith("attn_lib._validate"):
             return
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith("attn_lib"):
-            return
-        before = stack[-1] if stack else ""
         if event == "call":
-            stack.append(name)
-        elif stack:
-            stack.pop()
-        now = stack[-1] if stack else ""
-        if now.startswith("attn_lib._validate") and not before.startswith("attn_lib._validate"):
-            entries += 1
+            entries += depth == 0
+            depth += 1
+        else:
+            depth -= 1
 
     sys.setprofile(profile)
     try:
