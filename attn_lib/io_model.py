@@ -133,12 +133,12 @@ def tiled_block_sizes(d: int, M: int) -> tuple[int, int]:
     return bc, br
 
 
-def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, causal: bool = False,
+def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, is_causal: bool = False,
                        dv: int | None = None, key_padding_mask: bool = False) -> dict:
     """本书分块实现（查询块在外层，与 Triton 核函数同一顺序）对慢速显存的读写次数，单位：元素。
 
     For each query block ``[m0, m1)``: load Q_i once; stream the key blocks that some query
-    of the block may see (all S keys, or the first ``min(S, m1)`` when causal, top-left
+    of the block may see (all S keys, or the first ``min(S, m1)`` when ``is_causal``, top-left
     aligned), loading K_j, V_j (and the key-padding flags); store O_i and the log-sum-exp.
     ``block_n`` does not change the count (every visible key is loaded exactly once per query
     block); it is taken for symmetry with the implementation.
@@ -147,7 +147,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, ca
         L, S: numbers of queries and keys.
         d: head dim of q and k; ``dv``: of v (default ``d``).
         block_m, block_n: block sizes.
-        causal: only keys ``<= query index`` are visible.
+        is_causal: only keys ``<= query index`` are visible.
         key_padding_mask: whether a (B, S) mask is read as well.
 
     Returns:
@@ -161,7 +161,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, ca
     n_blocks = 0
     for m0 in range(0, L, block_m):
         m1 = min(m0 + block_m, L)
-        kv_keys += min(S, m1) if causal else S
+        kv_keys += min(S, m1) if is_causal else S
         n_blocks += 1
     reads = {"Q": L * d, "K": kv_keys * d, "V": kv_keys * dv}
     if key_padding_mask:

@@ -131,7 +131,7 @@ def attend(q, k, v, mask, *, is_causal: bool, need_weights: bool, backend: str, 
     if backend == "flash":
         from .flash import flash_attention
 
-        return flash_attention(q, k, v, causal=is_causal, key_padding_mask=_key_padding(mask, B, S)), None
+        return flash_attention(q, k, v, is_causal=is_causal, key_padding_mask=_key_padding(mask, B, S)), None
     scale = 1.0 / math.sqrt(D)
     if need_weights or L == 0 or S == 0 or (check_finite and _may_overflow(q, k, scale)):
         return _attention_core(q, k, v, mask, is_causal, scale, check_overflow=check_finite)

@@ -8,7 +8,7 @@
 With ``--backward`` every case is one forward and one backward (``out.backward(dout)`` with a
 fixed random ``dout``, inputs that require grad): ``torch SDPA`` against
 ``attn_lib.flash_attention(..., backend="torch")`` (the tiled forward, then the tiled
-FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_backward_torch``), and
+FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_torch_backward``), and
 ``naive`` = the naive path's autograd, which stores the (B, H, N, N) matrices. Default
 implementations there: sdpa and tiled; results go to ``bench/results/cpu_backward.json``.
 
@@ -124,10 +124,10 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
 
     def call(q, k, v):
         if impl == "naive":
-            return attn_lib.naive_attention(q, k, v, causal=causal)
+            return attn_lib.naive_attention(q, k, v, is_causal=causal)
         if impl == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return attn_lib.flash_attention_torch(q, k, v, causal=causal, block_m=args.block_m, block_n=args.block_n)[0]
+        return attn_lib.flash_attention_torch(q, k, v, is_causal=causal, block_m=args.block_m, block_n=args.block_n)[0]
 
     if args.backward:
         forward = call
@@ -135,7 +135,7 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
         def call(q, k, v):  # noqa: F811  forward + backward through autograd
             for t in (q, k, v):
                 t.grad = None
-            out = (attn_lib.flash_attention(q, k, v, causal=causal, backend="torch") if impl == "tiled"
+            out = (attn_lib.flash_attention(q, k, v, is_causal=causal, backend="torch") if impl == "tiled"
                    else forward(q, k, v))  # (B,H,N,D)
             out.backward(dout[..., : out.shape[2], :])
             return out

@@ -142,7 +142,7 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
         return fwd_bwd
     if impl == "naive":
         def forward():
-            return attn_lib.naive_attention(q, k, v, causal=causal)
+            return attn_lib.naive_attention(q, k, v, is_causal=causal)
     else:
         def forward():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -201,7 +201,7 @@ def check_kernel(torch, kernel, flags_for) -> None:
             grads = kernel.launch_backward(ql, kl, vl, out, lse, dl, None, causal, 64 ** -0.5, interpret=False,
                                            dot_fp32=flags["dot_fp32"], capability=flags["capability"])
             nl = [t.detach().requires_grad_() for t in (ql, kl, vl)]
-            naive = attn_lib.naive_attention(*nl, causal=causal)
+            naive = attn_lib.naive_attention(*nl, is_causal=causal)
             naive.backward(dl)
             assert_flash_rule(out, naive.detach(), ref.detach(), what=f"triton out {dtype} causal={causal}")
             for name, g, n, r in zip(("dq", "dk", "dv"), grads, nl, leaves):

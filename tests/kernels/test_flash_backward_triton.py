@@ -14,7 +14,7 @@ import torch
 import attn_lib
 import attn_lib.flash
 from attn_lib.flash import flash_attention
-from attn_lib.flash_torch import naive_attention
+from attn_lib.naive import naive_attention
 from attn_lib.tolerances import assert_flash_rule, max_abs_error
 
 from attn_paths import flash_inputs as make_inputs
@@ -48,9 +48,9 @@ def test_triton_backward_matches_reference(shape, dtype, causal, padding):
     _, expected = grads_of(lambda q, k, v: attn_lib.attention(q, k, v, mask=mask, is_causal=causal)[0],
                            ql.double(), kl.double(), vl.double(), dl.double())
     # Naive backward in the same precision: the flash-attn rule's yardstick.
-    _, naive = grads_of(lambda q, k, v: naive_attention(q, k, v, causal=causal, key_padding_mask=kpm), ql, kl, vl, dl)
+    _, naive = grads_of(lambda q, k, v: naive_attention(q, k, v, is_causal=causal, key_padding_mask=kpm), ql, kl, vl, dl)
     kpm_dev = None if kpm is None else kpm.to(DEVICE)
-    out, got = grads_of(lambda q, k, v: flash_attention(q, k, v, causal=causal, key_padding_mask=kpm_dev,
+    out, got = grads_of(lambda q, k, v: flash_attention(q, k, v, is_causal=causal, key_padding_mask=kpm_dev,
                                                         backend="triton"),
                         *(t.to(DEVICE) for t in (ql, kl, vl, dl)))
     assert type(out.grad_fn).__name__ == "FlashAttentionFunctionBackward"

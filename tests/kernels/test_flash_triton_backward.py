@@ -72,8 +72,8 @@ def run_backward(q, k, v, dout, kpm, causal, dtype, **blocks):
     """Forward and backward with the Triton kernels on DEVICE; results back on the CPU."""
     ql, kl, vl, dol = (t.to(DEVICE, dtype) for t in (q, k, v, dout))
     kpm_dev = None if kpm is None else kpm.to(DEVICE)
-    out, lse = flash_attention_triton(ql, kl, vl, causal=causal, key_padding_mask=kpm_dev, **blocks)
-    grads = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, causal=causal, key_padding_mask=kpm_dev,
+    out, lse = flash_attention_triton(ql, kl, vl, is_causal=causal, key_padding_mask=kpm_dev, **blocks)
+    grads = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, is_causal=causal, key_padding_mask=kpm_dev,
                                             **blocks)
     for g, t in zip(grads, (ql, kl, vl)):
         assert g.shape == t.shape and g.dtype == dtype and g.device == t.device
@@ -170,8 +170,8 @@ def test_strided_inputs_and_scale():
     _, *ref = reference_grads(q, k, v, dout, None, True, scale=0.3)
     ql, kl, vl, dol = (t.float().to(DEVICE) for t in (q, k, v, dout))
     assert not ql.is_contiguous() and not dol.is_contiguous()
-    out, lse = flash_attention_triton(ql, kl, vl, causal=True, scale=0.3)
-    got = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, causal=True, scale=0.3)
+    out, lse = flash_attention_triton(ql, kl, vl, is_causal=True, scale=0.3)
+    got = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, is_causal=True, scale=0.3)
     for name, g, r in zip(("dq", "dk", "dv"), got, ref):
         assert_close(g.cpu(), r, what=name)
 
@@ -242,7 +242,7 @@ BAD = [  # (id, call, exception, message regex)
     ("lse float16", bwd(Q, Q, Q, OUT, LSE.half(), OUT), TypeError, r"lse must be torch.float32, got torch.float16"),
     ("lse shape", bwd(Q, Q, Q, OUT, t(1, 3), OUT), ValueError, r"lse must have shape \(1, 1, 3\), got \(1, 3\)"),
     ("lse a list", bwd(Q, Q, Q, OUT, [0.0], OUT), TypeError, r"lse must be a torch.Tensor, got list"),
-    ("causal not bool", bwd(Q, Q, Q, OUT, LSE, OUT, causal=1), TypeError, r"causal must be True or False, got 1"),
+    ("causal not bool", bwd(Q, Q, Q, OUT, LSE, OUT, is_causal=1), TypeError, r"is_causal must be True or False, got 1"),
     ("scale string", bwd(Q, Q, Q, OUT, LSE, OUT, scale="0.5"), TypeError, r"scale must be a positive number"),
     ("scale negative", bwd(Q, Q, Q, OUT, LSE, OUT, scale=-1.0), ValueError, r"scale must be finite and > 0"),
     ("block_m 24", bwd(Q, Q, Q, OUT, LSE, OUT, block_m=24), ValueError, r"block_m must be a power of two >= 16"),
@@ -288,8 +288,8 @@ def test_backward_never_creates_an_l_by_s_tensor():
     q, k, v, kpm = make_inputs(B, H, L, S, D, padding=True)
     q, k, v, kpm = q.float().to(DEVICE), k.float().to(DEVICE), v.float().to(DEVICE), kpm.to(DEVICE)
     dout = torch.randn(B, H, L, D, device=DEVICE)
-    (out, lse), fwd_largest = largest_float_tensor(flash_attention_triton, q, k, v, causal=True, key_padding_mask=kpm)
-    _, bwd_largest = largest_float_tensor(flash_attention_triton_backward, q, k, v, out, lse, dout, causal=True,
+    (out, lse), fwd_largest = largest_float_tensor(flash_attention_triton, q, k, v, is_causal=True, key_padding_mask=kpm)
+    _, bwd_largest = largest_float_tensor(flash_attention_triton_backward, q, k, v, out, lse, dout, is_causal=True,
                                           key_padding_mask=kpm)
     linear = B * H * max(L, S) * D  # the largest of q, k, v, out and their gradients
     assert 0 < fwd_largest <= linear and 0 < bwd_largest <= linear, (fwd_largest, bwd_largest)
