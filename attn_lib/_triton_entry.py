@@ -15,7 +15,7 @@ import importlib.util
 import torch
 
 from . import device as _device
-from ._numerics import dot_fp32, raise_if_overflowed, resolve_scale
+from ._numerics import dot_fp32, dot_input_precision, raise_if_overflowed, resolve_scale
 from ._validate import (check_attention_inputs, check_block, check_bool, check_key_padding_mask, check_no_grad_needed,
                         check_saved, check_triton_device, check_triton_inputs)
 
@@ -46,11 +46,12 @@ def kernel_flags(dtype: torch.dtype, device, interpret: bool) -> dict:
     """核函数的精度开关：DOT_FP32（每个 tl.dot 改用 fp32 计算）和 GPU 的计算能力（规则见 attn_lib._numerics）。
 
     Returns:
-        ``{"dot_fp32": bool, "capability": (major, minor) or None}`` (capability None under
-        the interpreter).
+        ``{"dot_fp32": bool, "input_precision": "ieee" or None, "capability": (major, minor) or None}``
+        (capability None under the interpreter).
     """
     capability = None if interpret else _device.cuda_capability(device)
-    return {"dot_fp32": dot_fp32(dtype, capability, interpret), "capability": capability}
+    fp32 = dot_fp32(dtype, capability, interpret)
+    return {"dot_fp32": fp32, "input_precision": dot_input_precision(dtype, fp32), "capability": capability}
 
 
 def triton_mode_for(q) -> bool:
@@ -122,7 +123,7 @@ def flash_attention_triton_backward(q, k, v, out, lse, dout, *, is_causal: bool 
     """
     (B, H, L, S, D, Dv), scale, interpret = check_triton_door(q, k, v, scale, is_causal, key_padding_mask,
                                                               block_m, block_n)
-    check_saved(q, out, lse, dout, B, H, L, Dv, lse_dtype=torch.float32)
+    check_saved(q, out, lse, dout, B, H, L, Dv, forward="flash_attention_triton", same_dtype=True)
     flags = kernel_flags(q.dtype, q.device, interpret)
     return load_kernel().launch_backward(q, k, v, out, lse, dout, key_padding_mask, is_causal, scale,
                                          interpret=interpret, dot_fp32=flags["dot_fp32"],

@@ -12,15 +12,21 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 from ._numerics import base2_factor, dot_input_precision
+from . import _triton_config as _config
 from ._triton_config import (INTERPRET_BLOCK, MAX_GRID_Y, MAX_HEAD_DIM, SMEM_BUDGET, SMEM_BUDGET_PRE_SM80,  # noqa: F401
                              _next_pow2, _smem_bytes, _smem_bytes_pre_sm80, candidate_configs, default_config,
-                             grid_chunks, needs_int64)
+                             needs_int64)
 from .flash_triton import _attn_fwd
 from .flash_triton_backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
 
 
+def grid_chunks(n_heads: int, limit: int | None = None) -> list:
+    """把 B·H 个头切成每次启动不超过 limit 个的几段（默认本模块的 MAX_GRID_Y，调用时读取）。"""
+    return _config.grid_chunks(n_heads, MAX_GRID_Y if limit is None else limit)
+
+
 def _chunks(n_heads: int) -> list:
-    return grid_chunks(n_heads, MAX_GRID_Y)  # this module's MAX_GRID_Y, read at call time
+    return grid_chunks(n_heads)
 
 
 def _spans(*tensors) -> list:

@@ -150,7 +150,7 @@ def flash_attention_torch_backward(q, k, v, out, lse, dout, *, is_causal: bool =
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     check_bool("is_causal", is_causal)
-    check_saved(q, out, lse, dout, B, H, L, Dv)
+    check_saved(q, out, lse, dout, B, H, L, Dv, forward="flash_attention_torch")
     block_m = check_block("block_m", block_m, power_of_two=False) or DEFAULT_BWD_BLOCK_M
     block_n = check_block("block_n", block_n, power_of_two=False) or DEFAULT_BWD_BLOCK_N
     return _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=is_causal, scale=resolve_scale(scale, D),

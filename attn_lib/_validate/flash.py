@@ -54,21 +54,27 @@ def check_no_grad_needed(fn_name: str, *tensors) -> None:
         )
 
 
-def check_saved(q, out, lse, dout, B: int, H: int, L: int, Dv: int, lse_dtype=None) -> None:
-    """检查反向传播的输入 out、lse、dout：张量、浮点、形状、设备（lse_dtype 给定时也查 lse 的精度）。"""
+def check_saved(q, out, lse, dout, B: int, H: int, L: int, Dv: int, *, forward: str, same_dtype: bool = False) -> None:
+    """检查反向传播的输入 out、lse、dout：张量、浮点、形状、设备；same_dtype 时 out、dout 须是 q 的精度、lse 须是 float32。
+
+    Args:
+        forward: the name of the forward function whose (out, lse) belong here, for the remedy.
+        same_dtype: the Triton kernels' rule (out, dout in q's dtype, lse float32).
+    """
+    import torch
+
     for name, t, shape in (("out", out, (B, H, L, Dv)), ("lse", lse, (B, H, L)), ("dout", dout, (B, H, L, Dv))):
         check_tensor(name, t)
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}; pass what the forward returned")
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}; pass what {forward} returned")
         if tuple(t.shape) != shape:
-            raise ValueError(
-                f"{name} must have shape {shape} (from q, k, v: B, H, L and Dv), got {tuple(t.shape)}; "
-                "pass the out and lse that the forward returned for these q, k, v"
-            )
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}; pass what {forward} "
+                             "returned for these q, k, v")
+        want = torch.float32 if name == "lse" else q.dtype
+        if same_dtype and t.dtype != want:
+            raise TypeError(f"{name} must be {want}, got {t.dtype}; pass what {forward} returned")
         if str(t.device) != str(q.device):
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}; move it with {name}.to(q.device)")
-    if lse_dtype is not None and lse.dtype != lse_dtype:
-        raise TypeError(f"lse must be {lse_dtype}, got {lse.dtype}; pass the lse that the forward returned")
 
 
 def check_block(name: str, value: Any, *, power_of_two: bool) -> int | None:
