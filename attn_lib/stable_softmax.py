@@ -34,7 +34,7 @@ def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Returns:
         Tensor of ``x``'s shape.
     """
-    check_float_tensor("x", x)
+    check_float_tensor("x", x, twin="softmax")
     e = torch.exp(x)  # (...) -> (...)
     return e / e.sum(dim, keepdim=True)  # (...) / (..., 1, ...) -> (...)
 
@@ -57,7 +57,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         Tensor of ``x``'s shape and dtype; along ``dim`` the entries are >= 0 and sum to 1,
         or are all 0 where every input was ``-inf``.
     """
-    check_float_tensor("x", x)
+    check_float_tensor("x", x, twin="softmax")
     dim = check_dim(x, dim)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()

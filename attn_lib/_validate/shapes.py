@@ -106,6 +106,5 @@ def check_same_device(names: Sequence[str], tensors: Sequence[Any]) -> None:
     """检查几个张量在同一个设备上，不同就报 ValueError（并说怎么搬）。"""
     devices = [str(t.device) for t in tensors]
     if len(set(devices)) > 1:
-        found = ", ".join(f"{n} on {d}" for n, d in zip(names, devices))
-        raise ValueError(f"{', '.join(names)} must be on one device, got {found}; "
+        raise ValueError(f"{', '.join(names[:-1])} and {names[-1]} must be on one device, got {', '.join(devices)}; "
                          f"move them with .to({names[0]}.device)")

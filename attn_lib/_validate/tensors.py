@@ -9,20 +9,20 @@ from .values import check_bool, check_scale
 _FLOAT_NAMES = "float16/bfloat16/float32/float64"
 
 
-def check_tensor(name: str, x: Any, *, none_ok: bool = False) -> None:
-    """检查参数是 torch 张量（none_ok 时也收 None）；一种措辞，全库通用。"""
+def check_tensor(name: str, x: Any, *, none_ok: bool = False, twin: str = "") -> None:
+    """检查参数是 torch 张量（none_ok 时也收 None）；一种措辞，全库通用（twin：numpy 版里对应的函数名）。"""
     import torch
 
     if isinstance(x, torch.Tensor) or (none_ok and x is None):
         return
     expected = "a torch.Tensor or None" if none_ok else "a torch.Tensor"
-    raise TypeError(f"{name} must be {expected}, got {type(x).__name__}; "
-                    f"convert it with torch.as_tensor({name}) (for numpy arrays use attn_lib.numpy_ref)")
+    remedy = f"for numpy arrays use attn_lib.numpy_ref.{twin}" if twin else f"convert it with torch.as_tensor({name})"
+    raise TypeError(f"{name} must be {expected}, got {type(x).__name__}; {remedy}")
 
 
-def check_float_tensor(name: str, x: Any) -> None:
+def check_float_tensor(name: str, x: Any, *, twin: str = "") -> None:
     """检查参数是浮点 torch 张量（float16/bfloat16/float32/float64）。"""
-    check_tensor(name, x)
+    check_tensor(name, x, twin=twin)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor ({_FLOAT_NAMES}), got {x.dtype}; "
                         f"convert with {name}.float()")
@@ -33,8 +33,7 @@ def check_float_array(name: str, x: Any):
     import numpy as np
 
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}; wrap it with np.asarray "
-                        "(for torch tensors use attn_lib.attention)")
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}; wrap it with np.asarray")
     if x.dtype.kind != "f":
         raise TypeError(f"{name} must be a floating-point array (float16/float32/float64), got {x.dtype}; "
                         f"convert with {name}.astype(np.float64)")
@@ -147,7 +146,7 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True,
         ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, t)
+        check_float_tensor(name, t, twin="attention")
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
     check_same_device(("q", "k", "v"), (q, k, v))
     dims = check_qkv_shapes(q, k, v)

@@ -109,7 +109,8 @@ def check_dim(x: Any, dim: Any) -> int:
         raise TypeError(f"dim must be an int, got {dim!r}")
     n = max(x.ndim, 1)  # a 0-D tensor takes dim 0 or -1, as in torch.softmax
     if not -n <= dim < n:
-        raise ValueError(f"dim must be in [{-n}, {n - 1}] for a {x.ndim}-D input, got {dim}")
+        kind = "tensor" if hasattr(x, "is_floating_point") else "array"
+        raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D {kind}; dim must be in [{-n}, {n - 1}]")
     return int(dim) % n
 
 
