@@ -51,6 +51,15 @@ _LOG2E = tl.constexpr(LOG2E)
 
 
 @triton.jit
+def _base2_scores(qk, qk_scale, SPLIT_SCALE: tl.constexpr):
+    # Scores in base 2, qk · scale · log2(e): one factor, or two when their product overflows float32.
+    qk = qk * qk_scale
+    if SPLIT_SCALE:
+        qk = qk * _LOG2E
+    return qk
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,  #
                     k_base, v_base, kpm_base,  #
                     stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
@@ -72,9 +81,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
         if DOT_FP32:
             k = k.to(tl.float32)
         # -- S_ij = Q_i K_jᵀ, scaled into base 2 --  (BLOCK_M, BLOCK_N)
-        qk = tl.dot(q, k, input_precision=INPUT_PRECISION) * qk_scale
-        if SPLIT_SCALE:  # scale·log2(e) does not fit float32: the second factor
-            qk = qk * _LOG2E
+        qk = _base2_scores(tl.dot(q, k, input_precision=INPUT_PRECISION), qk_scale, SPLIT_SCALE)
         if MASKED:
             visible = offs_kn[None, :] < S
             if CAUSAL:

@@ -1,7 +1,6 @@
 """第 9 章（FlashAttention 反向的 Triton 核函数，FlashAttention-2）：由保存的 lse 一块块重算 P，求 dq、dk、dv，从不存 L×S 矩阵。
 
-The forward kernels and the conventions every kernel shares are chapter 8's
-``attn_lib/flash_triton.py``; the launchers are ``attn_lib/_triton_launch.py``. Algorithm 2 of
+Conventions shared with the forward: chapter 8's ``attn_lib/flash_triton.py``. Algorithm 2 of
 FlashAttention-2 and the tutorial's ``_attn_bwd_*``, from the saved ``lse`` (natural log):
 
 - ``_attn_bwd_preprocess``: ``D_i = rowsum(dO_i ∘ O_i)``, (B, H, L) float32.
@@ -10,8 +9,9 @@ FlashAttention-2 and the tutorial's ``_attn_bwd_*``, from the saved ``lse`` (nat
   ``dS_ij = P_ij ∘ (dP_ij − D_i)``, ``dK_j += dS_ijᵀ Q_i · scale``. Causal: query blocks
   that see none of the key block are skipped (``_query_range``).
 - ``_attn_bwd_dq``: one program per query block; key blocks stream past:
-  ``dQ_i += dS_ij K_j · scale``. Causal: key blocks after the query block are skipped.
-- A row that sees no key (lse = -inf) has P = 0, hence zero gradients, never NaN.
+  ``dQ_i += dS_ij K_j · scale``. Causal: key blocks no query of the block sees are skipped.
+
+A row that sees no key (lse = -inf) has P = 0, hence zero gradients, never NaN.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from attn_lib._numerics import LOG2E
-from attn_lib.flash_triton import _key_range
+from attn_lib.flash_triton import _base2_scores, _key_range
 
 _LOG2E = tl.constexpr(LOG2E)
 
@@ -41,12 +41,21 @@ def _attn_bwd_preprocess(O, DO, Delta,  #
         offs_m = offs_m.to(tl.int64)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = (offs_m[:, None] < L) & (offs_dv[None, :] < DV)
-    o = tl.load(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om
-                + offs_dv[None, :] * stride_od, mask=mask, other=0.0)  # (BLOCK_M, BLOCK_DV)
+    o = tl.load(O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+                mask=mask, other=0.0)  # (BLOCK_M, BLOCK_DV)
     do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom
                  + offs_dv[None, :] * stride_dod, mask=mask, other=0.0)  # (BLOCK_M, BLOCK_DV)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # (BLOCK_M,)
     tl.store(Delta + off_hz * L + offs_m, delta, mask=offs_m < L)
+
+
+@triton.jit
+def _round_for_dot(x, dtype: tl.constexpr, DOT_FP32: tl.constexpr):
+    # Round to the inputs' dtype as the GPU's low-precision dot would; DOT_FP32: then dot in fp32.
+    x = x.to(dtype)
+    if DOT_FP32:
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -82,9 +91,7 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
             qT = qT.to(tl.float32)
             do = do.to(tl.float32)
         # -- P_ijᵀ = exp(S_ijᵀ − lse_i), recomputed from K_j Q_iᵀ --  (BLOCK_N, BLOCK_M)
-        qkT = tl.dot(k, qT, input_precision=INPUT_PRECISION) * qk_scale
-        if SPLIT_SCALE:  # scale·log2(e) does not fit float32: the second factor
-            qkT = qkT * _LOG2E
+        qkT = _base2_scores(tl.dot(k, qT, input_precision=INPUT_PRECISION), qk_scale, SPLIT_SCALE)
         pT = tl.math.exp2(qkT - lse2[None, :])
         if HAS_KPM:
             pT = tl.where(key_ok[:, None], pT, 0.0)
@@ -92,34 +99,35 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
             if CAUSAL:
                 pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, pT, 0.0)
         # -- dV_j += P_ijᵀ dO_i --  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
-        if DOT_FP32:
-            ppT = pT.to(do_base.dtype.element_ty).to(tl.float32)  # round P as the GPU's low-precision dot would
-        else:
-            ppT = pT.to(do_base.dtype.element_ty)
+        ppT = _round_for_dot(pT, do_base.dtype.element_ty, DOT_FP32)  # as the GPU's low-precision dot would
         dv = tl.dot(ppT, do, dv, input_precision=INPUT_PRECISION)
         # -- dP_ijᵀ = V_j dO_iᵀ, dS_ijᵀ = P_ijᵀ ∘ (dP_ijᵀ − D_i) --  (BLOCK_N, BLOCK_M)
         dpT = tl.dot(v, tl.trans(do), input_precision=INPUT_PRECISION)
-        dsT = pT * (dpT - delta[None, :])
-        if DOT_FP32:
-            dsT = dsT.to(q_base.dtype.element_ty).to(tl.float32)
-        else:
-            dsT = dsT.to(q_base.dtype.element_ty)
+        dsT = _round_for_dot(pT * (dpT - delta[None, :]), q_base.dtype.element_ty, DOT_FP32)
         # -- dK_j += dS_ijᵀ Q_i (times scale at the end) --  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_D)
         dk = tl.dot(dsT, tl.trans(qT), dk, input_precision=INPUT_PRECISION)
     return dk, dv
 
 
 @triton.jit
+def _keys_present(kpm_base, offs_n, S, stride_kpm_n, HAS_KPM: tl.constexpr):
+    # (BLOCK_N,) keys that exist and are present (padding: P = 0, zero dK, dV)
+    key_ok = offs_n < S
+    if HAS_KPM:
+        key_ok = key_ok & (tl.load(kpm_base + offs_n * stride_kpm_n, mask=offs_n < S, other=0) != 0)
+    return key_ok
+
+
+@triton.jit
 def _query_range(start_n, L, CAUSAL_OFFSET, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Query blocks of key block start_n: [lo, mid) the causal diagonal (masked), [mid, full)
-    # see every key of the block (unmasked), [tail, L) the ragged end of L (masked). Causal:
-    # query i sees key j iff j <= i + CAUSAL_OFFSET, so blocks before the one holding query
-    # start_n*BLOCK_N - CAUSAL_OFFSET see nothing and are skipped.
+    # Query blocks of key block start_n: [lo, mid) the causal diagonal (masked), [mid, full) see the
+    # whole block, [tail, L) the ragged end of L (masked). Causal: query i sees key j iff
+    # j <= i + CAUSAL_OFFSET; blocks before query start_n*BLOCK_N - CAUSAL_OFFSET are skipped.
     full = (L // BLOCK_M) * BLOCK_M
     if CAUSAL:
         lo = (tl.maximum(start_n * BLOCK_N - CAUSAL_OFFSET, 0) // BLOCK_M) * BLOCK_M
-        mid = tl.minimum(tl.cdiv(tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - CAUSAL_OFFSET, 0), BLOCK_M) * BLOCK_M,
-                         full)
+        last = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - CAUSAL_OFFSET, 0)  # first query seeing the whole block
+        mid = tl.maximum(lo, tl.minimum(tl.cdiv(last, BLOCK_M) * BLOCK_M, full))
         tail = tl.maximum(lo, full)
     else:
         lo = 0
@@ -163,10 +171,7 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
     if DOT_FP32:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    key_ok = offs_n < S  # (BLOCK_N,) keys that are present (padding: P = 0, zero dK, dV)
-    if HAS_KPM:
-        present = tl.load(KPM + off_b * stride_kpm_b + offs_n * stride_kpm_n, mask=offs_n < S, other=0)
-        key_ok = key_ok & (present != 0)
+    key_ok = _keys_present(KPM + off_b * stride_kpm_b, offs_n, S, stride_kpm_n, HAS_KPM)  # (BLOCK_N,)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     lo, mid, full, tail = _query_range(start_n, L, CAUSAL_OFFSET, CAUSAL, BLOCK_M, BLOCK_N)
@@ -180,8 +185,7 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
                                   D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_M)
     dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
                                   stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, tl.maximum(lo, mid), full, L, qk_scale,
-                                  CAUSAL_OFFSET,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, mid, full, L, qk_scale, CAUSAL_OFFSET,  #
                                   D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_M)
     dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
                                   stride_qm, stride_qd, stride_dom, stride_dod,  #
@@ -190,8 +194,7 @@ def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
     dk = dk * sm_scale
     tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_d[None, :] < D))
-    tl.store(DVal + off_b * stride_dvb + off_h * stride_dvh + offs_n[:, None] * stride_dvn
-             + offs_dv[None, :] * stride_dvd,
+    tl.store(DVal + off_b * stride_dvb + off_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
              dv.to(DVal.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV))
 
 
@@ -222,9 +225,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
             kT = kT.to(tl.float32)
             vT = vT.to(tl.float32)
         # -- P_ij = exp(S_ij − lse_i) --  (BLOCK_M, BLOCK_N)
-        qk = tl.dot(q, kT, input_precision=INPUT_PRECISION) * qk_scale
-        if SPLIT_SCALE:  # scale·log2(e) does not fit float32: the second factor
-            qk = qk * _LOG2E
+        qk = _base2_scores(tl.dot(q, kT, input_precision=INPUT_PRECISION), qk_scale, SPLIT_SCALE)
         p = tl.math.exp2(qk - lse2[:, None])
         if MASKED:
             visible = offs_n[None, :] < S
@@ -236,11 +237,7 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
             p = tl.where(present[None, :] != 0, p, 0.0)
         # -- dP_ij = dO_i V_jᵀ, dS_ij = P_ij ∘ (dP_ij − D_i) --
         dp = tl.dot(do, vT, input_precision=INPUT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        if DOT_FP32:
-            ds = ds.to(k_base.dtype.element_ty).to(tl.float32)
-        else:
-            ds = ds.to(k_base.dtype.element_ty)
+        ds = _round_for_dot(p * (dp - delta[:, None]), k_base.dtype.element_ty, DOT_FP32)
         # -- dQ_i += dS_ij K_j (times scale at the end) --  (BLOCK_M, BLOCK_N) @ (BLOCK_N, BLOCK_D)
         dq = tl.dot(ds, tl.trans(kT), dq, input_precision=INPUT_PRECISION)
     return dq
