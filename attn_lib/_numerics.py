@@ -67,7 +67,7 @@ def overflow_error(dtype: Any) -> ValueError:
 
 
 def rows_with_keys(L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, device):
-    """哪些查询行至少看得见一个键：(B 或 1, 1, L) 布尔张量（只读掩码，不读 q、k、v）。"""
+    """哪些查询行至少看得见一个键：（B 或 1, 1, L）布尔张量（只读掩码，不读 q、k、v）。"""
     import torch
 
     i = torch.arange(L, device=device)  # (L,)

@@ -62,7 +62,7 @@ def triton_mode_for(q) -> bool:
 
 
 def check_triton_door(q, k, v, scale, is_causal, key_padding_mask, block_m=None, block_n=None, *, check_finite=True):
-    """Triton 入口的全部检查（一次）：返回 ((B, H, L, S, D, Dv), 解析后的 scale, 是否解释器)。"""
+    """Triton 入口的全部检查（一次）：返回（(B, H, L, S, D, Dv)，解析后的 scale，是否解释器）。"""
     dims, scale = check_attention_inputs(q, k, v, None, scale, check_finite=check_finite)
     check_triton_inputs(q, k, v)
     check_bool("is_causal", is_causal)

@@ -162,7 +162,7 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True,
 
 
 def check_attention_arrays(q, k, v, mask=None, scale=None):
-    """numpy 版 check_attention_inputs：同样的检查、同样的报错；返回 ((B, H, L, S, D, Dv), scale, mask 数组或 None)。"""
+    """numpy 版 check_attention_inputs：同样的检查、同样的报错；返回（(B, H, L, S, D, Dv), scale, mask 数组或 None）。"""
     import numpy as np
 
     for name, t in (("q", q), ("k", k), ("v", v)):
