@@ -32,12 +32,18 @@ def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     check_bool("is_causal", is_causal)
-    scores = (q * resolve_scale(scale, D)) @ k.transpose(-2, -1)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    return _naive_core(q, k, v, is_causal, resolve_scale(scale, D), key_padding_mask, check_overflow=True)
+
+
+def _naive_core(q, k, v, is_causal: bool, scale: float, key_padding_mask, *, check_overflow: bool):
+    """naive_attention 的无检查内核（输入已检查过，scale 已是数）；check_overflow=False 时不做归约、不同步。"""
+    L, S = q.shape[2], k.shape[2]
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
     if is_causal:
         scores.masked_fill_(~causal_mask(L, S, device=q.device), float("-inf"))  # (B,H,L,S)
     if key_padding_mask is not None:
         scores.masked_fill_(~key_padding_mask[:, None, None, :], float("-inf"))  # (B,H,L,S)
-    if S:
+    if check_overflow and S:
         row_max = scores.detach().amax(-1)  # (B,H,L,S) -> (B,H,L); -inf for a row that sees no key
         if bool((torch.isposinf(row_max) | torch.isnan(row_max)).any()):
             raise overflow_error(q.dtype)
@@ -47,6 +53,5 @@ def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         # softmax's backward still finds the output it saved.
         probs = probs.nan_to_num(0.0)  # (B,H,L,S)
     return probs.to(q.dtype) @ v  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
-
 
 __all__ = ["naive_attention"]
