@@ -53,8 +53,9 @@ def all_finite(t: Any) -> bool:
         return bool(np.isfinite(t).all())
     import torch
 
-    acc = torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else None
-    return bool(torch.isfinite(t.sum(dtype=acc))) or bool(torch.isfinite(t).all())
+    from .._numerics import work_dtype
+
+    return bool(torch.isfinite(t.sum(dtype=work_dtype(t.dtype)))) or bool(torch.isfinite(t).all())
 
 
 def check_all_finite(name: str, t: Any) -> None:
