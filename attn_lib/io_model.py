@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._validate import check_int, check_positive_int
+from ._validate import check_counts, check_int, check_positive_int
 
 
 @dataclass
@@ -155,7 +155,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, is
     """
     for name, value in (("block_m", block_m), ("block_n", block_n), ("d", d)):
         check_positive_int(name, value)
-    _check_counts(L=L, S=S)
+    check_counts(L=L, S=S)
     dv = d if dv is None else check_positive_int("dv", dv)
     kv_keys = 0  # keys loaded, summed over query blocks
     n_blocks = 0
@@ -197,11 +197,6 @@ def largest_tensor(fn, *args, **kwargs):
     return result, spy.largest
 
 
-def _check_counts(**sizes: int) -> None:
-    for name, value in sizes.items():
-        check_int(name, value, 0)
-
-
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:
     """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节（训练时随长度平方增长）。
 
@@ -212,7 +207,7 @@ def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 
     Returns:
         ``B * H * L * S * bytes_per_element`` (int).
     """
-    _check_counts(B=B, H=H, L=L, S=S, bytes_per_element=bytes_per_element)
+    check_counts(B=B, H=H, L=L, S=S, bytes_per_element=bytes_per_element)
     return B * H * L * S * bytes_per_element
 
 
@@ -227,7 +222,7 @@ def kv_cache_bytes(num_layers: int, B: int, H: int, S: int, D: int, bytes_per_el
     Returns:
         ``2 * num_layers * B * H * S * D * bytes_per_element`` (int).
     """
-    _check_counts(num_layers=num_layers, B=B, H=H, S=S, D=D, bytes_per_element=bytes_per_element)
+    check_counts(num_layers=num_layers, B=B, H=H, S=S, D=D, bytes_per_element=bytes_per_element)
     return 2 * num_layers * B * H * S * D * bytes_per_element
 
 

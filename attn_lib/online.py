@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from ._numerics import work_dtype
-from ._validate import check_float_tensor, check_positive_int, check_scores_finite
+from ._validate import check_float_tensor, check_positive_int, check_score_row, check_scores_finite
 
 
 def split_row(n: int, splits: int | Sequence[int]) -> list[tuple[int, int]]:
@@ -95,13 +95,6 @@ def _start(x: torch.Tensor):
     return work, m, l
 
 
-def _check_row(x) -> None:
-    check_float_tensor("x", x)
-    if x.ndim == 0:
-        raise ValueError("x must have at least one axis (the row to normalise is the last one)")
-    check_scores_finite(x)
-
-
 def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
     """一段一段读完一行，返回整行的最大值 m 和指数和 l = Σexp(x - m)（与切法无关）。
 
@@ -112,7 +105,7 @@ def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
     Returns:
         ``(m, l)``, each of shape (...,), in float32 for float16/bfloat16 input.
     """
-    _check_row(x)
+    check_score_row(x)
     work, m, l = _start(x)
     for a, b in split_row(x.shape[-1], splits):
         m, l = _update(m, l, work[..., a:b])  # (...,b-a) -> (...,)
@@ -163,7 +156,7 @@ def online_weighted_sum(x: torch.Tensor, v: torch.Tensor, splits: int | Sequence
     Returns:
         Shape (..., Dv): ``softmax(x) @ v`` (zeros for rows with no finite score).
     """
-    _check_row(x)
+    check_score_row(x)
     check_float_tensor("v", v)
     if v.ndim < 2 or v.shape[-2] != x.shape[-1]:
         raise ValueError(f"v must have shape (..., S, Dv) with S = {x.shape[-1]} (x's last axis), got {tuple(v.shape)}")

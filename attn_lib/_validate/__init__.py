@@ -27,17 +27,17 @@ from .flash import (check_block, check_key_padding_mask, check_no_grad_needed, c
                     check_triton_inputs)
 from .shapes import check_mask_shape, check_qkv_shapes, check_rank, check_same_device, check_same_dtype
 from .tensors import (all_finite, check_attention_arrays, check_all_finite, check_attention_inputs, check_float_array,
-                      check_float_tensor, check_mask, check_row_max, check_scores_finite, check_tensor)
-from .values import (check_bool, check_choice, check_dim, check_divisible, check_int, check_last_dim,
+                      check_float_tensor, check_mask, check_row_max, check_score_row, check_scores_finite, check_tensor)
+from .values import (check_bool, check_choice, check_counts, check_dim, check_divisible, check_int, check_last_dim,
                      check_positive_int, check_scale)
 
 __all__ = [
     "OVERFLOW_MESSAGE", "overflow_error",
-    "check_bool", "check_choice", "check_dim", "check_divisible", "check_int", "check_last_dim",
+    "check_bool", "check_choice", "check_counts", "check_dim", "check_divisible", "check_int", "check_last_dim",
     "check_positive_int", "check_scale",
     "check_mask_shape", "check_qkv_shapes", "check_rank", "check_same_device", "check_same_dtype",
     "all_finite", "check_all_finite", "check_attention_arrays", "check_attention_inputs", "check_float_array",
-    "check_float_tensor", "check_mask", "check_row_max", "check_scores_finite", "check_tensor",
+    "check_float_tensor", "check_mask", "check_row_max", "check_score_row", "check_scores_finite", "check_tensor",
     "check_block", "check_key_padding_mask", "check_no_grad_needed", "check_saved", "check_triton_device",
     "check_triton_inputs",
 ]

@@ -88,6 +88,15 @@ def check_scores_finite(x: Any, name: str = "x") -> None:
         )
 
 
+def check_score_row(x: Any) -> None:
+    """检查一行（或一批行）分数：浮点 torch 张量，至少一维（最后一维是那一行），只许 -inf，不许 nan / +inf。"""
+    check_float_tensor("x", x)
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis (the row to normalise is the last one)")
+    if x.numel():
+        check_scores_finite(x)
+
+
 def check_row_max(x: Any, m: Any) -> None:
     """用每行的最大值 m 检查整行：m 是 nan 或 +inf，说明这一行里有 nan 或 +inf，报 ValueError（一次同步）。"""
     import torch

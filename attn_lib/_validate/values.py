@@ -44,6 +44,12 @@ def check_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def check_counts(**sizes: Any) -> None:
+    """检查几个计数参数（可以是 0）：每个都是 >= 0 的整数，如 ``check_counts(B=B, L=L)``。"""
+    for name, value in sizes.items():
+        check_int(name, value, 0)
+
+
 def check_positive_int(name: str, value: Any) -> int:
     """检查正整数参数（块大小、头数、长度）：``check_int(name, value, 1)``；返回 int。"""
     return check_int(name, value, 1)
