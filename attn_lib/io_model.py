@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._validate import check_counts, check_int, check_positive_int
+from ._validate import check_counts, check_positive_int
 
 
 @dataclass
