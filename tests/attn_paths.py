@@ -1,8 +1,9 @@
 """The one module of shared test inputs: every attention path behind one calling convention,
-hypothesis strategies for cases, and the float64 references.
+hypothesis strategies for cases, seeded tensors and layers, and the float64 references
+(outputs, log-sum-exp and gradients).
 
-Used by test_properties.py, test_edges.py, test_bad_input.py and
-the FlashAttention tests. A *path* takes torch tensors q (B,H,L,D), k (B,H,S,D),
+Used by the contract tests (tests/contracts), the FlashAttention tests (tests/kernels) and the
+unit tests that need seeded inputs or weights. A *path* takes torch tensors q (B,H,L,D), k (B,H,S,D),
 v (B,H,S,Dv), an optional mask, ``causal`` and ``scale`` and returns the output (B,H,L,Dv)
 as a torch tensor in the input dtype. The float64 oracle is ``attn_lib.attention``
 computed on the same (already rounded) inputs cast to float64.
@@ -26,10 +27,32 @@ import attn_lib
 from attn_lib import numpy_ref
 from attn_lib.flash_torch import flash_attention_torch
 
+# A difference larger than this tells two different answers apart (a test's own sanity margin,
+# not a numeric tolerance: tolerances come from attn_lib.tolerances).
+DISTINGUISHABLE = 1e-3
+
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # Lengths: small ones, 1, and both sides of every power-of-two block size up to 128.
 BLOCK_EDGES = [1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129]
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeded tensors and layers
+# ---------------------------------------------------------------------------------------------
+def randn64(*shape, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Seeded standard-normal values drawn in float64, then cast to ``dtype``."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def seed_weights(layer, seed: int = 0):
+    """Overwrite a layer's parameters with seeded unit-scale values (randn / sqrt(fan_in)), in place."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():  # unit-scale outputs for unit-scale inputs
+            fan_in = p.shape[-1] if p.ndim == 2 else 4
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in))
+    return layer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,12 +255,7 @@ class ModulePath:
 
 
 def _seeded_(layer, seed: int, dtype: torch.dtype):
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in layer.parameters():  # unit-scale outputs for unit-scale inputs
-            fan_in = p.shape[-1] if p.ndim == 2 else 4
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in))
-    return layer.to(dtype)
+    return seed_weights(layer, seed + 1).to(dtype)
 
 
 def _mask64(mask):
@@ -249,7 +267,9 @@ def _linear64(x, w, b):
     return y + b.double() if b is not None else y
 
 
-def _mha_reference64(layer, xq, xk, xv, mask):
+def mha_reference64(layer, xq, xk=None, xv=None, mask=None):
+    """float64 recomputation of a fused multi-head layer from its weights (plain matrix products and
+    attn_lib.attention); xk / xv None = self-attention; mask as the layer takes it."""
     C, H = layer.d_model, layer.num_heads
     xk = xq if xk is None else xk
     xv = xk if xv is None else xv
@@ -298,11 +318,11 @@ MODULES: dict[str, ModulePath] = {
     "multihead": ModulePath(
         "multihead",
         lambda c: _seeded_(attn_lib.MultiHeadAttention(c.H * c.D, c.H, is_causal=c.causal), c.seed, c.torch_dtype),
-        _mha_forward, _mha_reference64),
+        _mha_forward, mha_reference64),
     "multihead_looped": ModulePath(
         "multihead_looped",
         lambda c: attn_lib.LoopedMultiHeadAttention.from_fused(MODULES["multihead"].build(c)),
-        _mha_forward, lambda layer, *a: _mha_reference64(_looped_as_fused(layer), *a)),
+        _mha_forward, lambda layer, *a: mha_reference64(_looped_as_fused(layer), *a)),
     "self_attention": ModulePath(
         "self_attention",
         lambda c: _seeded_(attn_lib.SelfAttention(c.H * c.D, c.D, c.Dv, bias=True, is_causal=c.causal),
@@ -381,3 +401,12 @@ def flash_reference(q, k, v, kpm, causal, scale=None):
     mask = None if kpm is None else kpm[:, None, None, :]  # (B,S) -> (B,1,1,S)
     out, _ = attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)
     return out, logsumexp64(q, k, mask, causal, scale)  # (B,H,L,Dv), (B,H,L)
+
+
+def reference_grads(q, k, v, dout, kpm=None, causal=False, scale=None):
+    """dq, dk, dv of the float64 reference ``attn_lib.attention`` by autograd, for a key padding
+    mask ``kpm`` (B, S) (True = key present) or None; the inputs are detached and cast to float64."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
+    mask = None if kpm is None else kpm[:, None, None, :]  # (B,S) -> (B,1,1,S)
+    out, _ = attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)  # (B,H,L,Dv)
+    return torch.autograd.grad(out, (q, k, v), dout.double())

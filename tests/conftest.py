@@ -23,7 +23,7 @@ def rng():
     return torch.Generator().manual_seed(0)
 
 
-# --- issue 6: hypothesis profiles and the `slow` marker ---
+# --- hypothesis profiles and the `slow` marker ---
 # "ci" (the default) gives every attention path >= 200 examples and keeps the whole property
 # suite well under 5 minutes on 2 cores; it is derandomized so `make test` is reproducible.
 # "long" explores much more, with fresh random examples each run:

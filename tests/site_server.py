@@ -17,7 +17,7 @@ from typing import Iterator
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from book_helpers import ROOT  # noqa: E402  (tests/ is on sys.path: conftest.py)
 SITE = Path(os.environ.get("ATTN_BOOK_HTML", ROOT / "_build" / "html")).resolve()
 
 CHROMIUM = "/usr/bin/chromium"

@@ -20,7 +20,7 @@ register(Exercise(
 
 register(Exercise(
     id="08-2",
-    question="一层注意力有 8 个头，序列长度 4096，分数用 float16（每个数 2 字节）存。batch 为 1 时，"
+    question="一层注意力有 8 个头，序列长度 4096，分数用 float16（每个数 2 字节）存。批大小为 1 时，"
              "这一层的分数矩阵 (B, H, L, S) 占多少 MiB（1 MiB = 2^20 字节）？",
     answer=256.0,  # 1·8·4096·4096 个数 × 2 字节 ÷ 2^20
     hint="元素个数是 B·H·L·S = 1·8·4096·4096，再乘 2 字节，除以 2^20。也可以调用 attn_lib.io_model.score_matrix_bytes。",
@@ -30,7 +30,7 @@ register(Exercise(
 
 register(Exercise(
     id="08-3",
-    question="论文的 Algorithm 1 里，头的维度 d = 64，片上内存 M = 65536 个数，序列长度 N = 4096。"
+    question="论文的 Algorithm 1 里，头的维度 d = 64，片上 SRAM 能放 M = 65536 个数，序列长度 N = 4096。"
              "外层循环一共走几趟（也就是整个 Q 从显存里被读了几遍）？",
     answer=16,  # Bc = ⌈65536 / 256⌉ = 256，Tc = ⌈4096 / 256⌉ = 16
     hint="Bc = ceil(M / 4d) = ceil(65536 / 256)；外层循环的趟数 Tc = ceil(N / Bc)。"

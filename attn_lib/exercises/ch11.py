@@ -26,7 +26,7 @@ register(Exercise(
 
 register(Exercise(
     id="11-2",
-    question=f"生成文字时，序列长度从 {SHORT} 变成 {LONG},KV 缓存要存的数变成原来的几倍？",
+    question=f"生成文字时，序列长度从 {SHORT} 变成 {LONG}，KV 缓存要存的数变成原来的几倍？",
     answer=_kv_cache_entries(LONG) // _kv_cache_entries(SHORT),
     hint="KV 缓存给每个已生成的标记存一份键和一份值，长度乘几，它就乘几。",
     wrong_example=_score_entries(LONG) // _score_entries(SHORT),

@@ -31,12 +31,11 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-ROOT = Path(__file__).resolve().parents[2]
-SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
-CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+from book_helpers import NOTEBOOKS, ROOT, SETUP_CELL, UNCHECKED_TAGS, read_notebook
+
+CHAPTERS = NOTEBOOKS
 # What Colab has preinstalled that the chapters use (torch's CUDA build brings triton there).
 COLAB_PACKAGES = ["torch==2.13.0", "triton==3.7.1", "numpy", "matplotlib", "ipykernel", "ipywidgets"]
-IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 _COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "_build", "build", "*.egg-info", "__pycache__",
                                       ".pytest_cache", ".hypothesis", "test-artifacts", ".ipynb_checkpoints")
 
@@ -137,8 +136,8 @@ CELL_TIMEOUT_S = 120
 
 
 def _execute(chapter: Path, colab_env) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
-    committed = nbformat.read(chapter, as_version=4)
-    nb = nbformat.read(chapter, as_version=4)
+    committed = read_notebook(chapter)
+    nb = read_notebook(chapter)
     workdir = colab_env["tmp"] / "run" / chapter.stem  # an empty folder: no repository around it
     workdir.mkdir(parents=True)
     client = NotebookClient(nb, kernel_name="colab-sim", timeout=CELL_TIMEOUT_S,
@@ -186,7 +185,7 @@ def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
         if i == 0:
             continue  # the set-up cell installs here (pip may talk)
         assert not stderr, f"{chapter.name} code cell {i} wrote to stderr in the fresh environment: {stderr}"
-        if IGNORE_TAGS & set(want.metadata.get("tags", [])):
+        if UNCHECKED_TAGS & set(want.metadata.get("tags", [])):
             continue  # ignored cells vary by design
         if _checked_text(want):
             compared += 1

@@ -1,11 +1,10 @@
 """Every chapter's exercises: the reference answer passes, a wrong answer fails."""
-from pathlib import Path
-
 import pytest
 
 from attn_lib.exercises import all_exercises, check
 
-ROOT = Path(__file__).resolve().parents[2]  # paths from the repository root, whatever the working directory
+from book_helpers import NOTEBOOKS, ROOT, read_notebook
+
 EXERCISES = all_exercises()
 
 
@@ -37,33 +36,30 @@ def test_answer_keys_do_not_use_the_library_under_test():
     import ast
     from pathlib import Path
 
-    modules = sorted((Path(__file__).resolve().parents[2] / "attn_lib" / "exercises").glob("ch*.py"))
+    modules = sorted((ROOT / "attn_lib" / "exercises").glob("ch*.py"))
     assert modules, "no exercise modules found"
     for path in modules:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level >= 1:
                 names = {a.name for a in node.names}
                 allowed = (node.level == 1 and node.module is None and names <= {"Exercise", "register"}) or \
+                          (node.level == 1 and node.module == "code" and
+                           names <= {"CodeExercise", "Mistake", "Probe", "register_code"}) or \
                           (node.level == 2 and node.module is None and names <= {"worked_example"})
                 assert allowed, f"{path.name} imports {names} from the library; compute its keys independently"
-            if isinstance(node, ast.Import):
-                assert all(a.name in {"math"} for a in node.names), f"{path.name} imports {[a.name for a in node.names]}"
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert node.module.split(".")[0] in {"math", "torch", "__future__"}, f"{path.name} imports {node.module}"
+            if isinstance(node, ast.Import):  # code exercises: the key is torch itself
+                assert all(a.name == "math" or a.name.split(".")[0] == "torch" for a in node.names), \
+                    f"{path.name} imports {[a.name for a in node.names]}"
 
 
-def _chapter_notebooks():
-    from pathlib import Path
-
-    return sorted((Path(__file__).resolve().parents[2] / "chapters").glob("[0-9][0-9]_*.ipynb"))
-
-
-@pytest.mark.parametrize("path", _chapter_notebooks(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_every_exercise_has_a_label_and_a_folded_worked_solution(path):
     """「练习 NN-k」 in the text, the checker, then a 参考答案 dropdown (closed on the site)."""
     import re
 
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     chapter = path.name[:2]
     ids = [m.group(1) for c in nb.cells if c.cell_type == "code"
            for m in re.finditer(r'check\("(\d\d-\d+)"', c.source)]

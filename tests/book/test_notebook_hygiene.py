@@ -11,23 +11,20 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+from book_helpers import NOTEBOOKS, UNCHECKED_TAGS, read_notebook
 
 # Raw float reprs (e.g. 0.28000000119209290 from float32 .item()) carry 10+ decimals; only
 # cells tagged nbval-ignore-output / nbval-skip may print them. Testing markers are cell tags,
 # never "# NBVAL_..." comments (the website would show those to the reader).
 LONG_FLOAT = re.compile(r"\d\.\d{10,}")
-IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
 params = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 
 
 def _code_cells(path: Path):
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     return nb, [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
 
 
@@ -87,7 +84,7 @@ def test_checked_outputs_print_rounded_numbers(path):
     _, cells = _code_cells(path)
     problems = []
     for i, cell in cells:
-        if IGNORE_TAGS & set(cell.metadata.get("tags", [])):
+        if UNCHECKED_TAGS & set(cell.metadata.get("tags", [])):
             continue
         for out in cell.get("outputs", []):
             for m in LONG_FLOAT.finditer(_output_text(out)):

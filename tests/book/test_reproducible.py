@@ -16,12 +16,10 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+from book_helpers import NOTEBOOKS, ROOT
 
 
 def _env(threads: int) -> dict:

@@ -16,15 +16,11 @@ import re
 import subprocess
 import sys
 import types
-from pathlib import Path
 
-import nbformat
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")
-NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
+from book_helpers import NOTEBOOKS, ROOT, SETUP_CELL, read_notebook
 
 
 def test_there_are_notebooks():
@@ -33,7 +29,7 @@ def test_there_are_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_first_code_cell_is_the_setup_cell_verbatim(path):
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code cell"
     first = code[0].source

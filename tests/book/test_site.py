@@ -8,7 +8,7 @@ font, and a full-page screenshot in test-artifacts/screenshots/ at 1280×800 (la
 390×844 (phone, ``*@390.png``). Notebook pages also get their Colab, Binder and download
 buttons checked; the search page must find chapters for Chinese terms.
 
-As a reader meets the site (issue 13): the ☰ button opens the table of contents on a phone
+As a reader meets the site: the ☰ button opens the table of contents on a phone
 and folds the sidebar on a laptop, the page-contents button opens the page outline on a
 phone, no empty header bar; no page scrolls sideways at 390 px; every figure is shown at
 >= 80% of its design size at 1280×800 (design size in CSS px = PNG pixel width × 100 / its
@@ -435,7 +435,7 @@ def test_screenshots_cover_every_page(context, phone_context, base_url):
     assert not missing, f"no screenshot {missing}"
 
 
-# --- As a reader meets the site on a phone (390×844) and a laptop (1280×800): issue 13 -----
+# --- As a reader meets the site on a phone (390×844) and a laptop (1280×800) ----------------
 
 # Whether any element matching ``sel`` is on screen (null: none on the page). On a phone the
 # theme moves the sidebar's content into a modal <dialog>; on a laptop folding slides it away.

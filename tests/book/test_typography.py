@@ -11,12 +11,10 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from pathlib import Path
 
-import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from book_helpers import NOTEBOOKS, ROOT, read_notebook
 
 _spec = importlib.util.spec_from_file_location("fix_punctuation", ROOT / "scripts" / "fix_punctuation.py")
 fp = importlib.util.module_from_spec(_spec)
@@ -29,7 +27,6 @@ BAD = re.compile(rf"[{HAN}][,:;?!()]|[,:;?!()][{HAN}]")
 
 MARKDOWN_FILES = [p for p in [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
                               *sorted((ROOT / "chapters").glob("*.md"))] if p.exists()]
-NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))
 PY_FILES = sorted((ROOT / "attn_lib").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
 
 
@@ -58,7 +55,7 @@ def test_markdown_files(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_markdown_cells(path):
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     cells = [c for c in nb.cells if c.cell_type == "markdown"]
     assert cells, f"{path.name} has no markdown cell"
     found = []
@@ -70,7 +67,7 @@ def test_notebook_markdown_cells(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_code_strings(path):
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     found = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
@@ -82,7 +79,7 @@ def test_notebook_code_strings(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_printed_chinese(path):
     """What a notebook prints in Chinese follows the same rule (outputs are committed)."""
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     found = []
     for i, cell in enumerate(nb.cells):
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
@@ -95,7 +92,7 @@ def test_notebook_printed_chinese(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_figure_alt_text(path):
     """Every figure's alt text (cell metadata mystnb.image.alt) follows the same rule."""
-    nb = nbformat.read(path, as_version=4)
+    nb = read_notebook(path)
     found = []
     for i, cell in enumerate(nb.cells):
         alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt")

@@ -7,7 +7,6 @@ has to be classified before the suite passes.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -117,7 +116,8 @@ NOT_DIFFERENTIABLE = {
 NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tolerance", "standard_attention_io",
               "flash_attention_io", "tiled_attention_io", "IOCounter"}
 
-# Owned by the FlashAttention backward (issue 10): made differentiable there, audited by its tests.
+# Made differentiable by the FlashAttention backward and audited by its tests (tests/kernels/test_flash_backward.py,
+# tests/kernels/test_flash_triton_backward.py).
 OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
                    "flash_attention_torch_backward", "flash_attention_triton_backward",  # compute gradients
                    "KVCache"}  # a container for generation: tests/unit/test_positions_cache.py
@@ -188,10 +188,3 @@ def test_non_differentiable_outputs_say_so(name):
         assert out.dtype == torch.bool or name in ("bool_to_additive", "sinusoidal_positions")
     else:
         assert out is None or isinstance(out, int)
-
-
-def test_scale_with_grad_is_refused_by_name():
-    """The one tensor argument that is not differentiable: a clear error, never a detached gradient."""
-    q = _r(1, 1, 2, 4)
-    with pytest.raises(TypeError, match=r"scale is not differentiable.*attention\(q \* s, k, v, scale=1.0\)"):
-        attn_lib.attention(q, q, q, scale=torch.tensor(math.sqrt(2), requires_grad=True))

@@ -1,8 +1,10 @@
 """Bad input table: every public function, each bad input, the error and the message it must give.
 
 Each row: (id, call, exception type, regex the message must match). The messages name the
-argument and show what was expected and what was found. (This table replaces the former
-tests/contracts/test_validation.py; its rows are all here.)
+argument and show what was expected and what was found. This table is the one home of
+bad-input checks: a new public function gets its rows here (test_every_public_function_has_a_row
+says which are missing); a rule every layer or path keeps (flags are bools, every path refuses
+nan) lives in test_layer_contract.py / test_edges.py instead.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import numpy_ref, plotting
+from attn_lib import (KVCache, MultiHeadAttention, apply_rotary, causal_mask, it_data, numpy_ref, plotting, sinusoidal_positions,
+                      tiny_model)
 
 
 def t(*shape, dtype=torch.float32):
@@ -24,6 +27,7 @@ def a(*shape, dtype=np.float64):
 
 Q = t(1, 1, 3, 4)
 QN = a(1, 1, 3, 4)
+META = torch.device("meta")  # a device other than the CPU that every machine has
 
 
 def att(*args, **kw):
@@ -57,6 +61,12 @@ def _with_env(name, value, fn):
     return call
 
 
+def _update(**bad):
+    """online_softmax_update with m, l of shape (2,) and a piece (2, 3), one of them replaced."""
+    args = {"m": t(2), "l": t(2), "piece": t(2, 3), **bad}
+    return lambda: attn_lib.online_softmax_update(args["m"], args["l"], args["piece"])
+
+
 def _inf(*shape, torch_=True):
     x = t(*shape) if torch_ else a(*shape)
     x[(0,) * len(shape)] = float("inf")
@@ -75,8 +85,14 @@ ROWS = [
     ("attention: D = 0", att(t(1, 1, 3, 0), t(1, 1, 3, 0), Q), ValueError, r"head dim D=0; attention needs D >= 1"),
     ("attention: int dtype", att(*(t(1, 1, 3, 4, dtype=torch.int64),) * 3), TypeError, r"q must be a floating-point tensor .*got torch.int64"),
     ("attention: dtypes differ", att(Q, t(1, 1, 3, 4, dtype=torch.float64), Q), TypeError, r"q, k, v must have the same dtype, got q=torch.float32, k=torch.float64"),
-    ("attention: numpy input", att(QN, QN, QN), TypeError, r"q must be a torch.Tensor, got ndarray.*numpy_ref.attention"),
+    ("attention: numpy input", att(QN, QN, QN), TypeError,
+     r"^q must be a torch.Tensor, got ndarray; for numpy arrays use attn_lib.numpy_ref.attention$"),
     ("attention: list input", att([[1.0]], Q, Q), TypeError, r"q must be a torch.Tensor, got list"),
+    ("attention: k list", att(Q, [0.0], Q), TypeError, r"^k must be a torch.Tensor, got list"),
+    ("attention: v list", att(Q, Q, [0.0]), TypeError, r"^v must be a torch.Tensor, got list"),
+    ("attention: q, k, v on two devices", att(Q, Q.to(META), Q), ValueError, r"^q, k and v must be on one device, got cpu, meta, cpu; move them with \.to\(q\.device\)$"),
+    ("attention: mask on another device", att(Q, Q, Q, mask=torch.ones(3, 3, dtype=torch.bool, device=META)), ValueError,
+     r"^mask must be on q's device cpu, got meta; move it with mask\.to\(q\.device\)$"),
     ("attention: mask does not broadcast", att(Q, t(1, 1, 5, 4), t(1, 1, 5, 4), mask=torch.ones(3, 4, dtype=torch.bool)),
      ValueError, r"mask has shape \(3, 4\), which does not broadcast.*\(B, H, L, S\) = \(1, 1, 3, 5\)"),
     ("attention: mask too many axes", att(Q, Q, Q, mask=torch.ones(1, 1, 1, 3, 3, dtype=torch.bool)), ValueError,
@@ -91,16 +107,15 @@ ROWS = [
     ("attention: scale inf", att(Q, Q, Q, scale=float("inf")), ValueError, r"scale must be finite and > 0, got inf"),
     ("attention: scale str", att(Q, Q, Q, scale="big"), TypeError, r"scale must be a positive number or None, got 'big'"),
     ("attention: scale bool", att(Q, Q, Q, scale=True), TypeError, r"scale must be a positive number or None, got True"),
-    ("attention: nan in q", att(_nan(1, 1, 3, 4), Q, Q), ValueError, r"q contains nan or inf"),
+    ("attention: nan in q", att(_nan(1, 1, 3, 4), Q, Q), ValueError,
+     r"^q contains nan or inf; attention would turn it into nan. Check the layer that produced it \(masks belong in `mask`, not in q/k/v\).$"),
     ("attention: inf in v", att(Q, Q, _inf(1, 1, 3, 4)), ValueError, r"v contains nan or inf"),
     ("attention: is_causal not bool", att(Q, Q, Q, is_causal="no"), TypeError, r"is_causal must be True or False, got 'no'"),
     ("attention: scale numeric str", att(Q, Q, Q, scale="0.5"), TypeError, r"scale must be a positive number or None, got '0.5' \(str\)"),
     ("attention: scale requires grad", att(Q, Q, Q, scale=torch.tensor(0.5, requires_grad=True)), TypeError,
-     r"scale is not differentiable: got a tensor with requires_grad=True"),
+     r"scale is not differentiable: got a tensor with requires_grad=True.*attention\(q \* s, k, v, scale=1.0\)"),
     ("attention: scale 2 elements", att(Q, Q, Q, scale=torch.tensor([0.5, 0.5])), TypeError, r"scale must be a positive number or None"),
     ("attention: check_finite not bool", att(Q, Q, Q, check_finite="no"), TypeError, r"check_finite must be True or False, got 'no'"),
-    ("attention: scores overflow", att(torch.full((1, 1, 2, 4), 1e20), torch.full((1, 1, 2, 4), 1e20), t(1, 1, 2, 4)),
-     ValueError, r"attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float32\); compute in float64 or use a smaller scale"),
     # --- numpy_ref.attention: the same rows, the same messages (numpy spelling) --------------------
     ("numpy attention: q 2-D", natt(a(3, 4), QN, QN), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D with shape \(3, 4\).*q\[None, None\]"),
     ("numpy attention: k 3-D", natt(QN, a(1, 3, 4), QN), ValueError, r"k must be 4-D \(B, H, S, D\), got 3-D.*unsqueeze\(1\)"),
@@ -120,16 +135,14 @@ ROWS = [
     ("numpy attention: nan in q", natt(_nan(1, 1, 3, 4, torch_=False), QN, QN), ValueError, r"q contains nan or inf"),
     ("numpy attention: is_causal not bool", natt(QN, QN, QN, is_causal=1), TypeError, r"is_causal must be True or False, got 1"),
     ("numpy attention: scale numeric str", natt(QN, QN, QN, scale="0.5"), TypeError, r"scale must be a positive number or None, got '0.5'"),
-    ("numpy attention: scores overflow", natt(np.full((1, 1, 2, 4), 1e20, np.float32), np.full((1, 1, 2, 4), 1e20, np.float32),
-                                               a(1, 1, 2, 4, dtype=np.float32)),
-     ValueError, r"attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float32\)"),
     ("numpy causal_mask: L str", lambda: numpy_ref.causal_mask("3"), TypeError, r"L must be an int >= 0, got '3'"),
     ("numpy attention: inf in k", natt(QN, _inf(1, 1, 3, 4, torch_=False), QN), ValueError, r"k contains nan or inf"),
     # --- softmax (torch, numpy) ------------------------------------------------------------------
     ("softmax: list", lambda: attn_lib.softmax([1.0, 2.0]), TypeError, r"x must be a torch.Tensor, got list"),
     ("softmax: int tensor", lambda: attn_lib.softmax(torch.tensor([1, 2])), TypeError, r"x must be a floating-point tensor .*got torch.int64"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError, r"dim=2 is out of range for a 2-D tensor"),
-    ("softmax: nan", lambda: attn_lib.softmax(torch.tensor([0.0, float("nan")])), ValueError, r"x contains 1 nan and 0 \+inf entries.*Only -inf is allowed"),
+    ("softmax: nan", lambda: attn_lib.softmax(torch.tensor([0.0, float("nan")])), ValueError,
+     r"x contains 1 nan and 0 \+inf entries.*Only -inf is allowed \(it means 'masked'\).$"),
     ("softmax: +inf", lambda: attn_lib.softmax(torch.tensor([0.0, float("inf")])), ValueError, r"x contains 0 nan and 1 \+inf entries"),
     ("softmax: dim float", lambda: attn_lib.softmax(t(2, 3), dim=0.5), TypeError, r"dim must be an int, got 0.5"),
     ("numpy softmax: dim float", lambda: numpy_ref.softmax(a(2, 3), dim=1.0), TypeError, r"dim must be an int, got 1.0"),
@@ -138,6 +151,7 @@ ROWS = [
     ("numpy softmax: int array", lambda: numpy_ref.softmax(np.array([1, 2])), TypeError, r"x must be a floating-point array .*got int64"),
     ("numpy softmax: dim out of range", lambda: numpy_ref.softmax(a(2, 3), dim=-3), ValueError, r"dim=-3 is out of range for a 2-D array"),
     ("numpy softmax: nan", lambda: numpy_ref.softmax(np.array([0.0, np.nan])), ValueError, r"x contains 1 nan and 0 \+inf entries"),
+    ("numpy softmax: +inf", lambda: numpy_ref.softmax(np.array([0.0, np.inf])), ValueError, r"x contains 0 nan and 1 \+inf entries"),
     ("numpy naive_softmax: int array", lambda: numpy_ref.naive_softmax(np.array([1, 2])), TypeError, r"x must be a floating-point array"),
     # --- masks -----------------------------------------------------------------------------------
     ("causal_mask: L < 0", lambda: attn_lib.causal_mask(-1), ValueError, r"L must be an int >= 0, got -1"),
@@ -147,15 +161,29 @@ ROWS = [
     ("numpy causal_mask: S float", lambda: numpy_ref.causal_mask(3, 1.5), TypeError, r"S must be an int >= 0, got 1.5"),
     ("padding_mask: negative length", lambda: attn_lib.padding_mask([3, -1]), ValueError, r"lengths must be >= 0, got \[3, -1\]"),
     ("padding_mask: length > S", lambda: attn_lib.padding_mask([3, 5], 4), ValueError, r"exceeds the padded length S=4: lengths=\[3, 5\]"),
-    ("padding_mask: empty", lambda: attn_lib.padding_mask([]), ValueError, r"lengths is empty"),
+    ("padding_mask: empty", lambda: attn_lib.padding_mask([]), ValueError, r"^lengths is empty: need one length per sentence in the batch$"),
+    ("padding_mask: float length", lambda: attn_lib.padding_mask([1.5], 4), TypeError, r"lengths must contain ints, got 1.5 in \[1.5\]"),
+    ("padding_mask: float tensor", lambda: attn_lib.padding_mask(torch.tensor([1.0, 2.0])), TypeError,
+     r"^lengths must be a 1-D integer tensor or a list of ints, got dtype torch.float32; convert with lengths.long\(\)$"),
+    ("padding_mask: bool tensor", lambda: attn_lib.padding_mask(torch.tensor([True])), TypeError,
+     r"got dtype torch.bool; convert with lengths.long"),
+    ("padding_mask: 2-D tensor", lambda: attn_lib.padding_mask(torch.ones(2, 2, dtype=torch.long)), ValueError,
+     r"^lengths must be a 1-D integer tensor or a list of ints, got dtype torch.int64 and shape \(2, 2\)$"),
+    ("padding_mask: a string", lambda: attn_lib.padding_mask("ab"), TypeError,
+     r"^lengths must be a sequence of B ints \(one per sentence\), got 'ab'"),
+    ("padding_mask: S 0", lambda: attn_lib.padding_mask([1], 0), ValueError, r"^S must be a positive int, got 0$"),
     ("padding_mask: a single int", lambda: attn_lib.padding_mask(3), TypeError, r"lengths must be a sequence of B ints .*got 3; for one sentence use \[3\]"),
     ("bool_to_additive: float mask", lambda: attn_lib.bool_to_additive(t(3)), TypeError, r"mask must be a bool tensor .*got torch.float32"),
+    ("bool_to_additive: list", lambda: attn_lib.bool_to_additive([True]), TypeError,
+     r"^mask must be a bool tensor \(True = may attend\), got list$"),
     ("bool_to_additive: int dtype", lambda: attn_lib.bool_to_additive(torch.ones(3, dtype=torch.bool), torch.int64), TypeError,
      r"dtype must be a floating dtype .*got torch.int64"),
     ("bool_to_additive: dtype str", lambda: attn_lib.bool_to_additive(torch.ones(3, dtype=torch.bool), "float32"), TypeError,
      r"dtype must be a floating dtype .*got float32"),
     ("additive_to_bool: bool mask", lambda: attn_lib.additive_to_bool(torch.ones(2, dtype=torch.bool)), TypeError, r"mask must be a floating tensor .*got torch.bool"),
-    ("additive_to_bool: not 0/-inf", lambda: attn_lib.additive_to_bool(torch.tensor([0.0, 1.0])), ValueError, r"neither 0 nor -inf \(e.g. 1.0\)"),
+    ("additive_to_bool: not 0/-inf", lambda: attn_lib.additive_to_bool(torch.tensor([0.0, 1.0])), ValueError,
+     r"neither 0 nor -inf \(e.g. 1.0\).*such a bias cannot be expressed as a bool mask, pass the float mask to attention as it is$"),
+    ("additive_to_bool: list", lambda: attn_lib.additive_to_bool([0.0]), TypeError, r"^mask must be a floating tensor of 0 and -inf, got list$"),
     # --- tolerances ------------------------------------------------------------------------------
     ("tolerance: unknown dtype", lambda: attn_lib.tolerance("int8"), KeyError, r"no tolerance for dtype int8; known: \['bfloat16'"),
     # --- dictionary lookup and similarity (chapters 1-2) -------------------------------------------
@@ -187,7 +215,8 @@ ROWS = [
 ]
 
 
-# --- layers (issue 3) --------------------------------------------------------------------------
+# --- layers --------------------------------------------------------------------------------------
+# (flags that must be bools and need_weights: tests/contracts/test_layer_contract.py, for every layer)
 if hasattr(attn_lib, "MultiHeadAttention"):
     from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, merge_heads, split_heads
 
@@ -201,7 +230,8 @@ if hasattr(attn_lib, "MultiHeadAttention"):
          r"d_model=10 is not divisible by num_heads=3.*e.g. 9 or 12"),
         ("MultiHeadAttention: num_heads 0", lambda: MultiHeadAttention(8, 0), ValueError, r"num_heads must be a positive int, got 0"),
         ("MultiHeadAttention: d_model 0", lambda: MultiHeadAttention(0, 1), ValueError, r"d_model must be a positive int, got 0"),
-        ("MultiHeadAttention: d_model float", lambda: MultiHeadAttention(8.0, 2), TypeError, r"d_model must be a positive int, got 8.0"),
+        ("MultiHeadAttention: d_model float", lambda: MultiHeadAttention(8.0, 2), TypeError,
+         r"d_model must be a positive int, got 8.0 \(float\); use int\(8.0\)"),
         ("MultiHeadAttention: query 2-D", mha(t(3, 8)), ValueError, r"query must be 3-D \(B, L, C\), got 2-D with shape \(3, 8\).*unsqueeze\(0\)"),
         ("MultiHeadAttention: query 4-D", mha(t(1, 2, 3, 8)), ValueError, r"query must be 3-D \(B, L, C\), got 4-D"),
         ("MultiHeadAttention: last dim", mha(t(2, 3, 5)), ValueError, r"query has last dimension 5 \(shape \(2, 3, 5\)\), but the layer's d_model is 8"),
@@ -209,14 +239,13 @@ if hasattr(attn_lib, "MultiHeadAttention"):
         ("MultiHeadAttention: dtype", mha(X.double()), TypeError, r"query has dtype torch.float64 but the layer's parameters are torch.float32"),
         ("MultiHeadAttention: numpy", mha(a(2, 3, 8)), TypeError, r"query must be a torch.Tensor of shape \(B, L, C\), got ndarray"),
         ("MultiHeadAttention: batch", mha(X, t(1, 3, 8)), ValueError, r"same batch size B, got 2, 1 and 1"),
-        ("MultiHeadAttention: key/value S", mha(X, t(2, 4, 8), t(2, 5, 8)), ValueError, r"key has S=4, value has S=5"),
+        ("MultiHeadAttention: key/value S", mha(X, t(2, 4, 8), t(2, 5, 8)), ValueError, r"same length S \(axis 1\): key has S=4, value has S=5"),
+        ("MultiHeadAttention: key batch", mha(X, t(1, 3, 8), X), ValueError, r"same batch size B, got 2, 1 and 2"),
+        ("MultiHeadAttention: value batch", mha(X, X, t(1, 3, 8)), ValueError, r"same batch size B, got 2, 2 and 1"),
+        ("MultiHeadAttention: value last dim", mha(X, X, t(2, 3, 5)), ValueError, r"^value has last dimension 5"),
         ("MultiHeadAttention: mask", mha(X, mask=torch.ones(4, 4, dtype=torch.bool)), ValueError,
-         r"mask has shape \(4, 4\), which does not broadcast.*\(2, 2, 3, 3\)"),
+         r"mask has shape \(4, 4\), which does not broadcast.*\(B, H, L, S\) = \(2, 2, 3, 3\)"),
         ("MultiHeadAttention: nan in query", mha(_nan(2, 3, 8)), ValueError, r"query contains nan or inf"),
-        ("MultiHeadAttention: is_causal str", lambda: MultiHeadAttention(8, 2, is_causal="False"), TypeError,
-         r"is_causal must be True or False, got 'False'"),
-        ("MultiHeadAttention: bias str", lambda: MultiHeadAttention(8, 2, bias="no"), TypeError, r"bias must be True or False, got 'no'"),
-        ("MultiHeadAttention: need_weights str", mha(X, need_weights="no"), TypeError, r"need_weights must be True or False, got 'no'"),
         ("MultiHeadAttention: num_heads str", lambda: MultiHeadAttention(8, "2"), TypeError, r"num_heads must be a positive int, got '2' \(str\)"),
         ("MultiHeadAttention: backend name", lambda: MultiHeadAttention(8, 2, backend="cuda"), ValueError,
          r"backend must be one of \('reference', 'flash'\), got 'cuda'"),
@@ -231,17 +260,10 @@ if hasattr(attn_lib, "MultiHeadAttention"):
          r"check_finite must be True or False, got 1"),
         ("MultiHeadAttention: mask list", mha(X, mask=[[True]]), TypeError, r"mask must be a torch.Tensor or None, got list"),
         ("MultiHeadAttention: mask nan", mha(X, mask=_nan(3, 3)), ValueError, r"additive float mask may contain -inf \(hidden\) but not nan"),
-        ("LoopedMultiHeadAttention: is_causal str", lambda: LoopedMultiHeadAttention(8, 2, is_causal="False"), TypeError,
-         r"is_causal must be True or False, got 'False'"),
-        ("LoopedMultiHeadAttention: bias str", lambda: LoopedMultiHeadAttention(8, 2, bias="no"), TypeError, r"bias must be True or False"),
-        ("LoopedMultiHeadAttention: need_weights str", mha(X, need_weights="no", layer=LoopedMultiHeadAttention), TypeError,
-         r"need_weights must be True or False, got 'no'"),
-        ("SelfAttention: is_causal str", lambda: SelfAttention(4, is_causal="False"), TypeError, r"is_causal must be True or False, got 'False'"),
-        ("SelfAttention: bias str", lambda: SelfAttention(4, bias="yes"), TypeError, r"bias must be True or False, got 'yes'"),
-        ("SelfAttention: need_weights str", lambda: SelfAttention(4)(t(1, 3, 4), need_weights="no"), TypeError,
-         r"need_weights must be True or False, got 'no'"),
         ("SelfAttention: d_model float", lambda: SelfAttention(4.0), TypeError, r"d_model must be a positive int, got 4.0 \(float\)"),
         ("SelfAttention: backend name", lambda: SelfAttention(4, backend="fast"), ValueError, r"backend must be one of \('reference', 'flash'\)"),
+        ("SelfAttention: backend type", lambda: SelfAttention(8, backend=None), TypeError, r"backend must be one of .*got None \(NoneType\)"),
+        ("SelfAttention: d_model 0", lambda: SelfAttention(0), ValueError, r"d_model must be a positive int, got 0"),
         ("LoopedMultiHeadAttention: d_model % num_heads", lambda: LoopedMultiHeadAttention(10, 4), ValueError,
          r"d_model=10 is not divisible by num_heads=4"),
         ("LoopedMultiHeadAttention: last dim", mha(t(2, 3, 5), layer=LoopedMultiHeadAttention), ValueError, r"query has last dimension 5"),
@@ -250,6 +272,11 @@ if hasattr(attn_lib, "MultiHeadAttention"):
         ("SelfAttention: d_k 0", lambda: SelfAttention(4, 0), ValueError, r"d_k must be a positive int, got 0"),
         ("SelfAttention: x 2-D", lambda: SelfAttention(4)(t(3, 4)), ValueError, r"x must be 3-D \(B, L, C\), got 2-D.*x.unsqueeze\(0\)"),
         ("SelfAttention: last dim", lambda: SelfAttention(4)(t(1, 3, 5)), ValueError, r"x has last dimension 5 .*d_model is 4"),
+        ("SelfAttention: dtype", lambda: SelfAttention(4).double()(t(1, 5, 4)), TypeError,
+         r"x has dtype torch.float32 but the layer's parameters are torch.float64"),
+        ("SelfAttention: x list", lambda: SelfAttention(4)([[1.0]]), TypeError, r"x must be a torch.Tensor of shape \(B, L, C\), got list"),
+        ("SelfAttention.from_matrices: rows differ", lambda: SelfAttention.from_matrices(t(3, 2), t(4, 2), t(3, 2)), ValueError,
+         r"w_q, w_k, w_v must have the same number of rows C, got 3, 4, 3"),
         ("SelfAttention.from_matrices: d_k differ", lambda: SelfAttention.from_matrices(t(4, 3), t(4, 2), t(4, 3)), ValueError,
          r"w_q and w_k must have the same number of columns d_k, got 3 and 2"),
         ("split_heads: C % H", lambda: split_heads(X, 3), ValueError, r"d_model=8 is not divisible by num_heads=3"),
@@ -260,12 +287,25 @@ if hasattr(attn_lib, "MultiHeadAttention"):
     ]
 
 
-# --- FlashAttention, online softmax, IO model (issue 4) -----------------------------------------
+# --- FlashAttention (forward, backward, both backends), online softmax, IO model ---------------
 if hasattr(attn_lib, "flash_attention"):
     from attn_lib import io_model
 
     def fa(*args, fn=None, **kw):
         return lambda: (fn or attn_lib.flash_attention)(*args, **kw)
+
+    def _qkv(requires_grad=False):
+        """q (1, 2, 5, 4), k and v (1, 2, 6, 4) in float32."""
+        return tuple(t(1, 2, n, 4).requires_grad_(requires_grad) for n in (5, 6, 6))
+
+    def bwd(*args, fn=None, **kw):
+        return lambda: (fn or attn_lib.flash_attention_triton_backward)(*args, **kw)
+
+    def tbwd(*args, **kw):  # the tiled torch backward with _qkv()'s q, k, v
+        return lambda: attn_lib.flash_attention_torch_backward(*_qkv(), *args, **kw)
+
+    SCALE_GRAD = torch.tensor(0.5, requires_grad=True)
+    Q16, OUT16, LSE3 = t(1, 1, 3, 16), t(1, 1, 3, 16), t(1, 1, 3)
 
     ROWS += [
         ("flash_attention: backend name", fa(Q, Q, Q, backend="cuda"), ValueError,
@@ -289,6 +329,23 @@ if hasattr(attn_lib, "flash_attention"):
          r"block_n must be a positive int, got -1"),
         ("flash_attention_torch: block_m float", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, block_m=2.5), TypeError,
          r"block_m must be a positive int, got 2.5"),
+        ("flash_attention_torch: block_n float", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, block_n=2.5), TypeError,
+         r"block_n must be a positive int, got 2.5 \(float\)"),
+        ("flash_attention_torch: is_causal not bool", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, is_causal="yes"), TypeError,
+         r"is_causal must be True or False, got 'yes'"),
+        ("flash_attention: scale requires grad", fa(*_qkv(True), scale=SCALE_GRAD, backend="torch"), TypeError,
+         r"scale is not differentiable.*attention\(q \* s, k, v, scale=1.0\)"),
+        ("flash_attention: scale requires grad, q, k, v do not", fa(*_qkv(), scale=SCALE_GRAD, backend="torch"), TypeError,
+         r"scale is not differentiable"),
+        ("naive_attention: scale requires grad", fa(*_qkv(True), fn=attn_lib.naive_attention, scale=SCALE_GRAD), TypeError,
+         r"scale is not differentiable"),
+        ("flash_attention_torch: scale requires grad", fa(*_qkv(), fn=attn_lib.flash_attention_torch, scale=SCALE_GRAD), TypeError,
+         r"scale is not differentiable"),
+        ("flash_attention: key_padding_mask requires grad",
+         fa(*_qkv(True), key_padding_mask=torch.ones(1, 6, requires_grad=True), backend="torch"), ValueError,
+         r"key_padding_mask requires grad, but it is not differentiable"),
+        ("flash_attention_torch: inputs that require grad", fa(*_qkv(True), fn=attn_lib.flash_attention_torch), ValueError,
+         r"flash_attention_torch is forward-only.*attn_lib.flash_attention\(q, k, v, backend='torch'\)"),
         ("flash_attention_triton: block_m not a power of 2", fa(Q, Q, Q, fn=attn_lib.flash_attention_triton, block_m=24),
          ValueError, r"block_m must be a power of two >= 16 .*got 24"),
         ("flash_attention_triton: block_n 0", fa(Q, Q, Q, fn=attn_lib.flash_attention_triton, block_n=0), ValueError,
@@ -297,19 +354,66 @@ if hasattr(attn_lib, "flash_attention"):
          TypeError, r"float16, bfloat16 or float32; for float64 use backend='torch'"),
         ("flash_attention_triton: head dim > 256", fa(t(1, 1, 2, 300), t(1, 1, 2, 300), t(1, 1, 2, 4), fn=attn_lib.flash_attention_triton),
          ValueError, r"head dims up to 256, got D=300"),
+        ("flash_attention_triton: key_padding_mask shape",
+         fa(Q16, t(1, 1, 4, 16), t(1, 1, 4, 16), fn=attn_lib.flash_attention_triton, key_padding_mask=torch.ones(1, 5, dtype=torch.bool)),
+         ValueError, r"key_padding_mask must have shape \(B, S\) = \(1, 4\)"),
         ("flash_attention_torch_backward: dout of the wrong shape",
          lambda: attn_lib.flash_attention_torch_backward(Q, Q, Q, Q, t(1, 1, 3), t(1, 1, 3, 5)), ValueError,
          r"dout must have shape \(1, 1, 3, 4\)"),
         ("flash_attention_torch_backward: lse of the wrong shape",
          lambda: attn_lib.flash_attention_torch_backward(Q, Q, Q, Q, t(1, 3), Q), ValueError,
          r"lse must have shape \(1, 1, 3\)"),
+        ("flash_attention_torch_backward: out not a tensor", tbwd(None, t(1, 2, 5), t(1, 2, 5, 4)), TypeError,
+         r"out must be a torch.Tensor, got NoneType"),
+        ("flash_attention_torch_backward: block_m float", tbwd(t(1, 2, 5, 4), t(1, 2, 5), t(1, 2, 5, 4), block_m=2.0), TypeError,
+         r"block_m must be a positive int"),
+        ("flash_attention_torch_backward: is_causal not bool", tbwd(t(1, 2, 5, 4), t(1, 2, 5), t(1, 2, 5, 4), is_causal=1), TypeError,
+         r"is_causal must be True or False"),
         ("flash_attention_triton_backward: block_m not a power of 2",
          lambda: attn_lib.flash_attention_triton_backward(Q, Q, Q, Q, t(1, 1, 3), Q, block_m=24), ValueError,
          r"block_m must be a power of two >= 16"),
+        ("flash_attention_triton_backward: q not a tensor", bwd([0.0], Q16, Q16, OUT16, LSE3, OUT16), TypeError,
+         r"q must be a torch.Tensor, got list"),
+        ("flash_attention_triton_backward: float64", bwd(Q16.double(), Q16.double(), Q16.double(), OUT16.double(), LSE3, OUT16.double()),
+         TypeError, r"float16, bfloat16 or float32; for float64 use backend='torch'"),
+        ("flash_attention_triton_backward: k and v keys differ", bwd(Q16, Q16, t(1, 1, 2, 16), OUT16, LSE3, OUT16), ValueError,
+         r"k has S=3, v has S=2"),
+        ("flash_attention_triton_backward: out shape", bwd(Q16, Q16, Q16, t(1, 1, 3, 8), LSE3, OUT16), ValueError,
+         r"out must have shape \(1, 1, 3, 16\), got \(1, 1, 3, 8\); pass what flash_attention_triton returned"),
+        ("flash_attention_triton_backward: out dtype", bwd(Q16, Q16, Q16, OUT16.half(), LSE3, OUT16), TypeError,
+         r"out must be torch.float32, got torch.float16"),
+        ("flash_attention_triton_backward: dout shape", bwd(Q16, Q16, Q16, OUT16, LSE3, t(1, 1, 4, 16)), ValueError,
+         r"dout must have shape \(1, 1, 3, 16\)"),
+        ("flash_attention_triton_backward: lse float16", bwd(Q16, Q16, Q16, OUT16, LSE3.half(), OUT16), TypeError,
+         r"lse must be torch.float32, got torch.float16"),
+        ("flash_attention_triton_backward: lse shape", bwd(Q16, Q16, Q16, OUT16, t(1, 3), OUT16), ValueError,
+         r"lse must have shape \(1, 1, 3\), got \(1, 3\)"),
+        ("flash_attention_triton_backward: lse a list", bwd(Q16, Q16, Q16, OUT16, [0.0], OUT16), TypeError,
+         r"lse must be a torch.Tensor, got list"),
+        ("flash_attention_triton_backward: is_causal not bool", bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, is_causal=1), TypeError,
+         r"is_causal must be True or False, got 1"),
+        ("flash_attention_triton_backward: scale string", bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, scale="0.5"), TypeError,
+         r"scale must be a positive number"),
+        ("flash_attention_triton_backward: scale negative", bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, scale=-1.0), ValueError,
+         r"scale must be finite and > 0"),
+        ("flash_attention_triton_backward: block_n float", bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, block_n=16.0), TypeError,
+         r"block_n must be a positive int"),
+        ("flash_attention_triton_backward: key_padding_mask shape",
+         bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError,
+         r"key_padding_mask must have shape \(B, S\) = \(1, 3\)"),
+        ("flash_attention_triton_backward: key_padding_mask float",
+         bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, key_padding_mask=torch.ones(1, 3)), TypeError, r"key_padding_mask must be bool"),
+        ("flash_attention_triton_backward: head dim > 256", bwd(t(1, 1, 3, 300), t(1, 1, 3, 300), Q16, OUT16, LSE3, OUT16),
+         ValueError, r"head dims up to 256"),
         ("naive_attention: is_causal not bool", fa(Q, Q, Q, fn=attn_lib.naive_attention, is_causal="yes"), TypeError,
          r"is_causal must be True or False, got 'yes'"),
         ("naive_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4), fn=attn_lib.naive_attention), ValueError, r"k has S=3, v has S=2"),
-        ("online_softmax: 0-D", lambda: attn_lib.online_softmax(torch.tensor(1.0), 2), ValueError, r"x must have at least one axis"),
+        ("online_softmax: 0-D", lambda: attn_lib.online_softmax(torch.tensor(1.0), 2), ValueError,
+         r"^x must have at least one axis \(the row to normalise is the last one\)$"),
+        ("online_softmax: a zero piece", lambda: attn_lib.online_softmax(t(5), [2, 0, 3]), ValueError,
+         r"^splits\[1\] must be a positive int, got 0$"),
+        ("online_softmax: int tensor", lambda: attn_lib.online_softmax(torch.tensor([1, 2]), 1), TypeError,
+         r"x must be a floating-point tensor .*got torch.int64"),
         ("online_softmax: pieces", lambda: attn_lib.online_softmax(t(5), [2, 2]), ValueError, r"piece lengths \[2, 2\] sum to 4, but the row has 5"),
         ("online_softmax: block str", lambda: attn_lib.online_softmax(t(5), "2"), TypeError, r"splits must be a positive int, got '2' \(str\)"),
         ("online_softmax: block float", lambda: attn_lib.online_softmax(t(5), 2.0), TypeError, r"splits must be a positive int, got 2.0 \(float\)"),
@@ -322,12 +426,26 @@ if hasattr(attn_lib, "flash_attention"):
         ("online_weighted_sum: v keys", lambda: attn_lib.online_weighted_sum(t(5), t(4, 2), 2), ValueError,
          r"v must have shape \(\.\.\., S, Dv\) with S = 5.*got \(4, 2\)"),
         ("online_weighted_sum: nan in v", lambda: attn_lib.online_weighted_sum(t(3), _nan(3, 2), 2), ValueError, r"v contains nan or inf"),
+        ("online_weighted_sum: inf in v", lambda: attn_lib.online_weighted_sum(t(3), torch.full((3, 2), float("inf")), 2), ValueError,
+         r"^v contains nan or inf; the weighted sum would be nan. Check what produced it.$"),
+        ("online_weighted_sum: v list", lambda: attn_lib.online_weighted_sum(t(3), [[0.0]], 2), TypeError, r"^v must be a torch.Tensor, got list"),
+        ("online_weighted_sum: two leading axes", lambda: attn_lib.online_weighted_sum(t(2, 4, 3), t(5, 3, 2), 2), ValueError,
+         r"^v's leading axes \(5,\) do not broadcast with x's \(2, 4\) "),
         ("online_weighted_sum: leading axes", lambda: attn_lib.online_weighted_sum(t(2, 3), t(5, 3, 2), 2), ValueError,
          r"v's leading axes \(5,\) do not broadcast with x's \(2,\)"),
         ("online_softmax_update: nan piece", lambda: attn_lib.online_softmax_update(t(2), t(2), _nan(2, 4)), ValueError,
          r"piece contains 1 nan and 0 \+inf entries"),
         ("online_softmax_update: shapes", lambda: attn_lib.online_softmax_update(t(2), t(2), t(3, 4)), ValueError,
-         r"piece .*\(3, 4\)"),
+         r"^piece must have shape \(\.\.\., P\) with \.\.\. = m's shape; got piece \(3, 4\)"),
+        ("online_softmax_update: m and l differ", lambda: attn_lib.online_softmax_update(t(2), t(3), t(2, 4)), ValueError,
+         r"piece must have shape \(\.\.\., P\).*\(m and l must have the same shape\)"),
+        ("online_softmax_update: 0-D piece", lambda: attn_lib.online_softmax_update(t(2), t(2), torch.zeros(())), ValueError,
+         r"piece must have shape \(\.\.\., P\)"),
+        *[(f"online_softmax_update: {name} {what}", _update(**{name: bad}), TypeError, rf"^{name} must be {message}")
+          for name in ("m", "l", "piece")
+          for what, bad, message in (("list", [0.0], "a torch.Tensor, got list"),
+                                     ("int", torch.zeros(2, 3, dtype=torch.long) if name == "piece" else torch.zeros(2, dtype=torch.long),
+                                      "a floating-point tensor"))],
         ("standard_attention_io: N 0", lambda: attn_lib.standard_attention_io(0, 4), ValueError, r"N must be a positive int, got 0"),
         ("flash_attention_io: M < d", lambda: attn_lib.flash_attention_io(16, 8, 4), ValueError, r"on-chip memory M=4 must hold .* d=8"),
         ("tiled_attention_io: block_m 0", lambda: attn_lib.tiled_attention_io(16, 16, 8, 0, 4), ValueError, r"block_m must be a positive int, got 0"),
@@ -335,6 +453,55 @@ if hasattr(attn_lib, "flash_attention"):
         ("tiled_attention_io: S float", lambda: attn_lib.tiled_attention_io(5, 16.0, 8, 4, 4), TypeError, r"S must be an int >= 0, got 16.0"),
         ("io_model.score_matrix_bytes: L < 0", lambda: io_model.score_matrix_bytes(1, 1, -1, 3), ValueError, r"L must be"),
     ]
+
+
+# --- positions, KV cache, the 「它」 data set, the tiny model ---------------------------------------
+def _cache_with(B=2, dtype=torch.float32, device="cpu"):
+    cache = KVCache()
+    cache.append(torch.zeros(B, 2, 3, 4, dtype=dtype, device=device), torch.zeros(B, 2, 3, 4, dtype=dtype, device=device))
+    return cache
+
+
+def _kv(B=2, dtype=torch.float32, device="cpu"):
+    return torch.zeros(B, 2, 1, 4, dtype=dtype, device=device), torch.zeros(B, 2, 1, 4, dtype=dtype, device=device)
+
+
+ROWS += [
+    ("apply_rotary: odd D", lambda: apply_rotary(torch.zeros(1, 1, 3, 5)), ValueError, r"even head dim D.*got D=5"),
+    ("apply_rotary: 3-D x", lambda: apply_rotary(torch.zeros(1, 3, 4)), ValueError, r"x must be 4-D"),
+    ("apply_rotary: int x", lambda: apply_rotary(torch.zeros(1, 1, 3, 4, dtype=torch.int64)), TypeError,
+     r"floating-point"),
+    ("apply_rotary: float positions", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), torch.zeros(3)), TypeError,
+     r"positions must hold integers"),
+    ("apply_rotary: wrong number of positions", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), [0, 1]), ValueError,
+     r"positions must have shape \(L,\) = \(3,\)"),
+    ("apply_rotary: base 0", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), base=0), ValueError, r"base must be"),
+    ("sinusoidal_positions: L float", lambda: sinusoidal_positions(3.0, 4), TypeError, r"L must be an int"),
+    ("sinusoidal_positions: d_model 0", lambda: sinusoidal_positions(3, 0), ValueError, r"d_model must be an int >= 1"),
+    ("sinusoidal_positions: base string", lambda: sinusoidal_positions(3, 4, base="1e4"), TypeError,
+     r"base must be a positive number"),
+    ("KVCache: another batch size", lambda: _cache_with(B=2).append(*_kv(B=3)), ValueError,
+     r"batch of B=2 .* new keys have B=3.*reset"),
+    ("KVCache: another dtype", lambda: _cache_with().append(*_kv(dtype=torch.float64)), TypeError,
+     r"cache holds torch.float32 but the new keys are torch.float64"),
+    ("KVCache: another device", lambda: _cache_with().append(*_kv(device="meta")), ValueError,
+     r"cache is on cpu but the new keys are on meta"),
+    ("KVCache: 3-D keys", lambda: KVCache().append(torch.zeros(1, 3, 4), torch.zeros(1, 3, 4)), ValueError,
+     r"k must be 4-D"),
+    ("KVCache: k and v differ", lambda: KVCache().append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 2, 4)),
+     ValueError, r"k and v must share"),
+    ("MultiHeadAttention: kv_cache not a KVCache", lambda: MultiHeadAttention(4, 2)(torch.zeros(1, 2, 4), kv_cache={}),
+     TypeError, r"kv_cache must be an attn_lib.KVCache"),
+    ("MultiHeadAttention: kv_cache with cross-attention",
+     lambda: MultiHeadAttention(4, 2)(torch.zeros(1, 2, 4), torch.zeros(1, 3, 4), kv_cache=KVCache()),
+     ValueError, r"self-attention only"),
+    ("causal_mask: align unknown", lambda: causal_mask(2, 3, align="bottom-left"), ValueError,
+     r'align must be "top-left" or "bottom-right", got \'bottom-left\''),
+    ("causal_mask: align not a string", lambda: causal_mask(2, 3, align=True), TypeError, r"align must be the string"),
+    ("it_data.make_split: unknown split", lambda: it_data.make_split("dev", 3), ValueError, r'split must be "train"'),
+    ("tiny_model.TinyItModel: unknown positions", lambda: tiny_model.TinyItModel(5, 3, positions="alibi"), ValueError,
+     r"positions must be one of"),
+]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
@@ -347,9 +514,7 @@ def test_bad_input_gives_clear_error(row):
 def test_every_public_function_has_a_row():
     """Each callable that attn_lib exports (and numpy_ref / plotting's public plotting
     functions) appears in the table."""
-    from test_positions_cache import BAD_INPUT_ROWS as chapter10_rows  # run in that file, counted here
-
-    ids = " ".join(r[0] for r in ROWS + chapter10_rows)
+    ids = " ".join(r[0] for r in ROWS)
     public = [n for n in attn_lib.__all__ if callable(getattr(attn_lib, n)) and not isinstance(getattr(attn_lib, n), dict)]
     exempt = {"cuda_available", "default_device", "try_gpu", "assert_close", "count_parameters",
               "IOCounter"}  # nothing to get wrong / a tally with no inputs to check

@@ -127,7 +127,7 @@ def test_equal_scores_weights_are_one_over_s(lib):
         scores = scores.numpy()
     else:
         _, scores = numpy_ref.attention(q, k, v)
-    assert np.allclose(scores, 1 / 7, rtol=0, atol=1e-15)
+    assert_close(scores, np.full(scores.shape, 1 / 7), dtype="float64", what=f"{lib}: weights of 7 equal scores")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Backward of the tiled FlashAttention (attn_lib.flash_torch_backward.flash_attention_torch_backward) and the
 differentiable entry point attn_lib.flash_attention(backend="torch"), against the float64 reference's
-autograd (attn_lib.attention); the refusals of issue 10 (scale / key_padding_mask not differentiable,
-forward-only functions, overflowing scores)."""
+autograd (attn_lib.attention); overflowing scores refused on every path, fully masked rows are not an
+overflow. (The refusals of bad arguments, e.g. a scale or key_padding_mask that requires grad, are rows of
+tests/contracts/test_bad_input.py.)"""
 import pytest
 import torch
 
@@ -13,17 +14,9 @@ from attn_lib import flash_attention_torch, flash_attention_torch_backward, naiv
 from attn_lib.io_model import largest_tensor
 from attn_lib.tolerances import assert_close
 
-from attn_paths import flash_inputs as make_inputs
+from attn_paths import flash_inputs as make_inputs, reference_grads
 
 OVERFLOW = "attention scores overflowed to \\+inf"
-
-
-def reference_grads(q, k, v, kpm, causal, dout, scale=None):
-    """dq, dk, dv of the float64 reference attn_lib.attention by autograd."""
-    q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
-    mask = None if kpm is None else kpm[:, None, None, :]  # (B,S) -> (B,1,1,S)
-    out, _ = attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)
-    return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
 @pytest.fixture
@@ -82,7 +75,7 @@ def test_float64_grads_match_reference_autograd(shape, causal, padding):
     B, H, L, S, D, Dv = shape
     q, k, v, kpm = make_inputs(B, H, L, S, D, Dv, padding=padding, seed=1)
     dout = torch.randn(B, H, L, Dv, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-    expected = reference_grads(q, k, v, kpm, causal, dout)
+    expected = reference_grads(q, k, v, dout, kpm, causal)
     out, lse = flash_attention_torch(q, k, v, is_causal=causal, key_padding_mask=kpm)
     for bm, bn in BLOCKS:
         grads = flash_attention_torch_backward(q, k, v, out, lse, dout, is_causal=causal, key_padding_mask=kpm,
@@ -98,7 +91,7 @@ def test_custom_scale_and_non_contiguous_dout():
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     out = flash_attention(qg, kg, vg, is_causal=True, scale=0.3, key_padding_mask=kpm, backend="torch")
     out.sum().backward()  # dout is an expanded (stride 0) tensor of ones
-    expected = reference_grads(q, k, v, kpm, True, torch.ones(2, 3, 33, 5, dtype=torch.float64), scale=0.3)
+    expected = reference_grads(q, k, v, torch.ones(2, 3, 33, 5, dtype=torch.float64), kpm, True, scale=0.3)
     for name, g, e in zip("qkv", (qg.grad, kg.grad, vg.grad), expected):
         assert_close(g, e, what=f"d{name}")
 
@@ -127,7 +120,7 @@ def test_float32_grads_within_tolerance(causal):
     out = flash_attention(q32, k32, v32, is_causal=causal, key_padding_mask=kpm, backend="torch")
     assert out.dtype == torch.float32
     out.backward(dout.float())
-    expected = reference_grads(q32, k32, v32, kpm, causal, dout.float())  # float64 on the rounded inputs
+    expected = reference_grads(q32, k32, v32, dout.float(), kpm, causal)  # float64 on the rounded inputs
     for name, g, e in zip("qkv", (q32.grad, k32.grad, v32.grad), expected):
         assert g.dtype == torch.float32
         assert_close(g, e, dtype=torch.float32, what=f"float32 d{name}")
@@ -141,7 +134,7 @@ def test_low_precision_grads_are_finite_and_close():
         ql, kl, vl = (t.to(dtype).requires_grad_() for t in (q, k, v))
         out = flash_attention(ql, kl, vl, is_causal=True, key_padding_mask=kpm, backend="torch")
         out.backward(dout.to(dtype))
-        expected = reference_grads(ql, kl, vl, kpm, True, dout.to(dtype))
+        expected = reference_grads(ql, kl, vl, dout.to(dtype), kpm, True)
         for name, g, e in zip("qkv", (ql.grad, kl.grad, vl.grad), expected):
             assert g.dtype == dtype
             assert_close(g, e, dtype=dtype, what=f"{dtype} d{name}")
@@ -227,64 +220,17 @@ def test_naive_attention_backward_with_key_padding():
     out = fn(*inputs)
     dout = torch.randn_like(out)
     got = torch.autograd.grad(out, inputs, dout)
-    for g, e in zip(got, reference_grads(q, k, v, kpm, True, dout)):
+    for g, e in zip(got, reference_grads(q, k, v, dout, kpm, True)):
         assert torch.isfinite(g).all()
         assert_close(g, e)
 
 
 # ---------------------------------------------------------------------------------------------
-# Refusals: the bad-input rows of issue 10
+# Overflowing scores: one error on every tiled path; fully masked rows are not an overflow
 # ---------------------------------------------------------------------------------------------
 def _qkv(requires_grad=False, dtype=torch.float32):
     q, k, v, _ = make_inputs(1, 2, 5, 6, 4)
     return tuple(t.to(dtype).requires_grad_(requires_grad) for t in (q, k, v))
-
-
-BAD = [
-    ("flash scale requires grad",
-     lambda: flash_attention(*_qkv(True), scale=torch.tensor(0.5, requires_grad=True), backend="torch"),
-     TypeError, "scale is not differentiable.*attention\\(q \\* s, k, v, scale=1.0\\)"),
-    ("flash scale requires grad, no grad inputs",
-     lambda: flash_attention(*_qkv(), scale=torch.tensor(0.5, requires_grad=True), backend="torch"),
-     TypeError, "scale is not differentiable"),
-    ("naive scale requires grad",
-     lambda: naive_attention(*_qkv(True), scale=torch.tensor(0.5, requires_grad=True)),
-     TypeError, "scale is not differentiable"),
-    ("tiled scale requires grad",
-     lambda: flash_attention_torch(*_qkv(), scale=torch.tensor(0.5, requires_grad=True)),
-     TypeError, "scale is not differentiable"),
-    ("flash key_padding_mask requires grad",
-     lambda: flash_attention(*_qkv(True), key_padding_mask=torch.ones(1, 6, requires_grad=True), backend="torch"),
-     ValueError, "key_padding_mask requires grad, but it is not differentiable"),
-    ("tiled forward with inputs that require grad",
-     lambda: flash_attention_torch(*_qkv(True)),
-     ValueError, "flash_attention_torch is forward-only.*attn_lib.flash_attention\\(q, k, v, backend='torch'\\)"),
-    ("backward: lse of the wrong shape",
-     lambda: flash_attention_torch_backward(*_qkv(), torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 6),
-                                            torch.zeros(1, 2, 5, 4)),
-     ValueError, "lse must have shape \\(1, 2, 5\\)"),
-    ("backward: dout of the wrong shape",
-     lambda: flash_attention_torch_backward(*_qkv(), torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5),
-                                            torch.zeros(1, 2, 5, 3)),
-     ValueError, "dout must have shape \\(1, 2, 5, 4\\)"),
-    ("backward: out not a tensor",
-     lambda: flash_attention_torch_backward(*_qkv(), None, torch.zeros(1, 2, 5), torch.zeros(1, 2, 5, 4)),
-     TypeError, "out must be a torch.Tensor, got NoneType"),
-    ("backward: block_m not an int",
-     lambda: flash_attention_torch_backward(*_qkv(), torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5),
-                                            torch.zeros(1, 2, 5, 4), block_m=2.0),
-     TypeError, "block_m must be a positive int"),
-    ("backward: causal not a bool",
-     lambda: flash_attention_torch_backward(*_qkv(), torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5),
-                                            torch.zeros(1, 2, 5, 4), is_causal=1),
-     TypeError, "is_causal must be True or False"),
-]
-
-
-@pytest.mark.parametrize("call,exc,pattern", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
-def test_refusals(call, exc, pattern):
-    with pytest.raises(exc, match=pattern):
-        call()
 
 
 def _overflowing(dtype):
@@ -339,7 +285,7 @@ def test_one_and_three_intra_op_threads_give_the_same_numbers(B, H):
         assert torch.equal(torch.isneginf(a), torch.isneginf(b))
         fin = torch.isfinite(a)
         assert_close(a[fin], b[fin], what="3 threads vs 1")
-    expected = reference_grads(q, k, v, kpm, True, dout)
+    expected = reference_grads(q, k, v, dout, kpm, True)
     for g, e in zip(results[3][2:], expected):
         assert_close(g, e)
 

@@ -136,30 +136,6 @@ def test_dispatcher_picks_torch_on_cpu_and_matches():
     assert torch.equal(out, out2)
 
 
-def test_clear_errors():
-    q, k, v, _ = make_inputs(2, 1, 4, 6, 8)
-    with pytest.raises(ValueError, match="backend must be one of"):
-        flash_attention(q, k, v, backend="cuda")
-    with pytest.raises(ValueError, match=r"\(B, S\) = \(2, 6\)"):
-        flash_attention(q, k, v, key_padding_mask=torch.ones(2, 1, 1, 6, dtype=torch.bool))
-    with pytest.raises(TypeError, match="must be bool"):
-        flash_attention(q, k, v, key_padding_mask=torch.ones(2, 6))
-    with pytest.raises(TypeError, match="torch.Tensor or None"):
-        flash_attention(q, k, v, key_padding_mask=[[True] * 6] * 2)
-    with pytest.raises(ValueError, match="block_m must be a positive int"):
-        flash_attention_torch(q, k, v, block_m=0)
-    with pytest.raises(TypeError, match="block_n must be a positive int"):  # a wrong type: TypeError (issue 9 rule)
-        flash_attention_torch(q, k, v, block_n=2.5)
-    with pytest.raises(TypeError, match="is_causal must be True or False"):
-        flash_attention_torch(q, k, v, is_causal="yes")
-    with pytest.raises(ValueError, match="scale must be finite and > 0"):
-        flash_attention(q, k, v, scale=-1.0)
-    with pytest.raises(ValueError, match="same head dim"):
-        flash_attention(q, k[..., :4], v)
-    with pytest.raises(ValueError, match="nan or inf"):
-        flash_attention(q * float("nan"), k, v)
-
-
 def _load_bench(name):
     import importlib.util
     from pathlib import Path

@@ -151,7 +151,7 @@ _RUN_KERNEL = (
     "q = torch.randn(1, 2, 20, 16); k = torch.randn(1, 2, 30, 16)\n"
     "out = attn_lib.flash_attention(q, k, k, is_causal=True, backend='triton')\n"
     "ref, _ = attn_lib.attention(q, k, k, is_causal=True)\n"
-    "print(bool((out - ref).abs().max() < 1e-5))\n"
+    "print(bool((out - ref).abs().max() <= attn_lib.tolerances.FLOAT32_ATOL))\n"
 )
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter rule is for machines without a GPU")
@@ -478,20 +478,6 @@ def test_requires_grad_is_refused_with_the_function_to_use():
         out, _ = flash_attention_triton(q, k, k)
     ref, _ = attn_lib.attention(q.detach().double().cpu(), k.double().cpu(), k.double().cpu())
     assert_close(out.cpu(), ref)
-
-
-def test_clear_errors():
-    q, k, v, _ = make_inputs(1, 1, 4, 4, 16)
-    with pytest.raises(TypeError, match="float64 use backend='torch'"):
-        flash_attention_triton(q, k, v)
-    q, k, v = q.float(), k.float(), v.float()
-    with pytest.raises(ValueError, match="power of two >= 16"):
-        flash_attention_triton(q, k, v, block_m=24)
-    with pytest.raises(ValueError, match="up to 256"):
-        big = torch.randn(1, 1, 4, 264)
-        flash_attention_triton(big, big, big)
-    with pytest.raises(ValueError, match=r"\(B, S\)"):
-        flash_attention_triton(q, k, v, key_padding_mask=torch.ones(1, 5, dtype=torch.bool))
 
 
 def _load_gpu_bench():

@@ -1,11 +1,15 @@
-"""Causal and padding masks, bool <-> additive conversion, alignment against torch."""
+"""Causal and padding masks, bool <-> additive conversion, alignment against torch (top-left and
+bottom-right)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 import attn_lib
 from attn_lib.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
-from attn_lib.tolerances import assert_close
+from attn_lib.tolerances import assert_close, tolerance
+
+F64 = tolerance("float64")  # rtol / atol of float64 results against an exact float64 answer
 
 
 @pytest.mark.parametrize("L,S", [(1, 1), (3, 3), (2, 4), (4, 2), (5, 1)])
@@ -56,17 +60,6 @@ def test_padding_mask_hides_padded_keys_in_attention(rng):
     assert_close(out[1:], alone, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("bad,exc,pattern", [
-    ([3, 5], ValueError, "exceeds the padded length S=4"),
-    ([-1], ValueError, ">= 0"),
-    ([1.5], TypeError, "ints"),
-    ([], ValueError, "empty"),
-])
-def test_padding_mask_errors(bad, exc, pattern):
-    with pytest.raises(exc, match=pattern):
-        padding_mask(bad, 4)
-
-
 def test_bool_additive_round_trip_and_values():
     m = causal_mask(3, 4)
     add = bool_to_additive(m, torch.float64)
@@ -88,12 +81,34 @@ def test_bool_and_additive_give_same_attention(dtype, rng):
     assert_close(sa, sb, dtype=dtype)
 
 
-def test_conversion_errors():
-    with pytest.raises(TypeError, match="bool tensor"):
-        bool_to_additive(torch.zeros(2, 2))
-    with pytest.raises(TypeError, match="floating dtype"):
-        bool_to_additive(causal_mask(2), torch.int64)
-    with pytest.raises(TypeError, match="floating tensor"):
-        additive_to_bool(causal_mask(2))
-    with pytest.raises(ValueError, match="neither 0 nor -inf"):
-        additive_to_bool(torch.tensor([0.0, -1.5, float("-inf")]))
+# --- every mask is made on the requested device ------------------------------------------------
+META = torch.device("meta")  # a device other than the CPU that every machine has
+
+
+def test_masks_stay_on_the_requested_device():
+    assert attn_lib.padding_mask([2, 1], 3, device=META).device == META
+    assert attn_lib.padding_mask(torch.tensor([2, 1]), device=META).device == META
+    assert attn_lib.bool_to_additive(torch.ones(2, 3, dtype=torch.bool, device=META)).device == META
+    assert attn_lib.causal_mask(3, device=META).device == META
+
+
+# --- bottom-right causal masks (a query block at the end of the keys, as with a KV cache) --------
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")  # torch warns for L > S (rows with no key)
+@pytest.mark.parametrize("L,S", [(1, 1), (1, 5), (2, 4), (3, 7), (5, 5), (6, 3)])
+def test_bottom_right_mask_equals_torch_lower_right(L, S):
+    want = torch.tensor([[j <= i + (S - L) for j in range(S)] for i in range(L)], dtype=torch.bool)
+    assert torch.equal(causal_mask(L, S, align="bottom-right"), want)
+    assert torch.equal(causal_mask(L, S, align="bottom-right"), causal_lower_right(L, S)._materialize())
+    assert torch.equal(causal_mask(L, S), causal_mask(L, S, align="top-left"))  # the default
+
+
+@pytest.mark.parametrize("L,S", [(1, 6), (3, 7), (4, 4)])
+def test_bottom_right_attention_equals_torch_sdpa(rng, L, S):
+    q = torch.randn(2, 3, L, 8, generator=rng, dtype=torch.float64)
+    k = torch.randn(2, 3, S, 8, generator=rng, dtype=torch.float64)
+    v = torch.randn(2, 3, S, 5, generator=rng, dtype=torch.float64)
+    ours, _ = attn_lib.attention(q, k, v, mask=causal_mask(L, S, align="bottom-right"))
+    explicit = torch.ones(L, S, dtype=torch.bool).tril(S - L)  # (L,S) written out for torch
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=explicit), **F64)
+    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, S)),
+                               **F64)

@@ -4,9 +4,12 @@ import torch
 from torch import nn
 
 import attn_lib
+import attn_lib.flash as flash_module
 from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters
 from attn_lib.masks import causal_mask, padding_mask
 from attn_lib.tolerances import assert_close
+
+from attn_paths import randn64, seed_weights
 
 
 def _pair(C, H, dtype, seed=0):
@@ -141,30 +144,116 @@ def test_split_and_merge_heads_are_inverse(rng):
     assert torch.equal(attn_lib.merge_heads(heads), x)
 
 
-def test_divisibility_error_names_both_numbers():
-    with pytest.raises(ValueError, match=r"d_model=768 is not divisible by num_heads=10"):
-        MultiHeadAttention(768, 10)
-    with pytest.raises(ValueError, match=r"d_model=6 is not divisible by num_heads=4"):
-        LoopedMultiHeadAttention(6, 4)
-    with pytest.raises(ValueError, match="num_heads must be a positive int"):
-        MultiHeadAttention(8, 0)
+# --- which projection path each query/key/value combination takes; the looped layer's settings;
+# --- the printed form (what chapters 05 and 07 print) ---------------------------------------------
+def _fused(**kw):
+    return seed_weights(attn_lib.MultiHeadAttention(8, 2, **kw).double())
 
 
-@pytest.mark.parametrize("args,exc,pattern", [
-    ((torch.zeros(5, 8),), ValueError, r"query must be 3-D \(B, L, C\).*unsqueeze\(0\)"),
-    ((torch.zeros(1, 5, 6),), ValueError, r"query has last dimension 6.*d_model is 8"),
-    ((torch.zeros(1, 5, 8), torch.zeros(1, 4, 6)), ValueError, r"key has last dimension 6"),
-    ((torch.zeros(1, 5, 8), torch.zeros(2, 4, 8)), ValueError, r"same batch size"),
-    ((torch.zeros(1, 5, 8), torch.zeros(1, 4, 8), torch.zeros(1, 3, 8)), ValueError, r"same length S"),
-    ((torch.zeros(1, 5, 8, dtype=torch.float64),), TypeError, r"dtype torch.float64.*float32"),
-])
-def test_input_errors(args, exc, pattern):
-    mha = MultiHeadAttention(8, 2)
-    with pytest.raises(exc, match=pattern):
-        mha(*args)
+def _ref_mha(layer, xq, xk, xv):
+    C, H = layer.d_model, layer.num_heads
+    w_q, w_k, w_v = layer.qkv.weight.split(C)
+    b_q, b_k, b_v = layer.qkv.bias.split(C)
+
+    def heads(y):  # (B,L,C) -> (B,H,L,D)
+        return y.reshape(y.shape[0], y.shape[1], H, C // H).transpose(1, 2)
+
+    out = torch.nn.functional.scaled_dot_product_attention(heads(xq @ w_q.T + b_q), heads(xk @ w_k.T + b_k),
+                                                           heads(xv @ w_v.T + b_v))
+    return layer.out_proj(out.transpose(1, 2).reshape(xq.shape))
 
 
-def test_mask_shape_error_names_scores_shape():
-    mha = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match=r"\(B, H, L, S\) = \(1, 2, 5, 5\)"):
-        mha(torch.zeros(1, 5, 8), mask=torch.ones(4, 5, dtype=torch.bool))
+@pytest.mark.parametrize("Layer", ["fused", "looped"])
+@pytest.mark.parametrize("which", ["kv_is_query", "k_is_query", "v_is_query", "kv_shared", "all_differ", "self"])
+def test_every_combination_of_query_key_value(Layer, which):
+    fused = _fused()
+    layer = fused if Layer == "fused" else attn_lib.LoopedMultiHeadAttention.from_fused(fused)
+    x, y, z = randn64(2, 4, 8, seed=1), randn64(2, 4, 8, seed=2), randn64(2, 4, 8, seed=3)
+    xq, xk, xv = {"kv_is_query": (x, x, x), "k_is_query": (x, x, y), "v_is_query": (x, y, x), "kv_shared": (x, y, y),
+                  "all_differ": (x, y, z), "self": (x, None, None)}[which]
+    with torch.no_grad():
+        out = layer(xq, xk, xv)
+        expected = _ref_mha(fused, xq, xq if xk is None else xk, (xq if xk is None else xk) if xv is None else xv)
+    assert_close(out, expected, dtype="float64", what=f"{Layer} {which}")
+
+
+def test_self_attention_projects_with_one_matmul(monkeypatch):
+    layer = _fused()
+    calls = []
+    real = layer.qkv.forward
+    monkeypatch.setattr(layer.qkv, "forward", lambda x: calls.append(x.shape) or real(x))
+    layer(randn64(2, 4, 8))
+    assert calls == [(2, 4, 8)], "self-attention: the fused (3C, C) projection runs once"
+
+
+def test_cross_attention_without_bias():
+    layer = attn_lib.MultiHeadAttention(8, 2, bias=False).double()
+    x, y = randn64(2, 4, 8, seed=1), randn64(2, 5, 8, seed=2)
+    w_q, w_k, w_v = layer.qkv.weight.split(8)
+    with torch.no_grad():
+        for xk, xv in ((y, y), (y, randn64(2, 5, 8, seed=3))):
+            q, k, v = (t.reshape(2, -1, 2, 4).transpose(1, 2) for t in (x @ w_q.T, xk @ w_k.T, xv @ w_v.T))
+            expected = layer.out_proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+                                      .reshape(2, 4, 8))
+            assert_close(layer(x, xk, xv), expected, dtype="float64", what="no bias, cross-attention")
+
+
+def test_looped_layer_settings_default_and_copy():
+    looped = attn_lib.LoopedMultiHeadAttention(8, 2)
+    assert looped.check_finite is True and looped.backend == "reference"
+    fused = _fused(backend="flash", check_finite=False, is_causal=True)
+    copy = attn_lib.LoopedMultiHeadAttention.from_fused(fused)
+    assert (copy.backend, copy.check_finite, copy.is_causal) == ("flash", False, True)
+
+
+def test_looped_layer_honours_check_finite_and_backend(monkeypatch):
+    bad = randn64(1, 3, 8)
+    bad[0, 0, 0] = float("nan")
+    nan_mask = torch.zeros(3, 3, dtype=torch.float64)
+    nan_mask[0, 0] = float("nan")
+    strict = attn_lib.LoopedMultiHeadAttention.from_fused(_fused())
+    with pytest.raises(ValueError, match="query contains nan or inf"):
+        strict(bad)
+    with pytest.raises(ValueError, match="additive float mask may contain -inf"):
+        strict(randn64(1, 3, 8), mask=nan_mask)
+    with pytest.raises(ValueError, match=r"mask has 3 heads on axis 1, expected 1 or 2"):
+        strict(randn64(1, 3, 8), mask=torch.ones(1, 3, 4, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        huge = torch.full((1, 3, 8), 1e200, dtype=torch.float64)
+        strict(huge * torch.arange(1, 9, dtype=torch.float64))
+    lax = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(check_finite=False))
+    assert torch.isnan(lax(bad, mask=nan_mask)).any()  # the caller turned the checks off: no error
+    flash = attn_lib.LoopedMultiHeadAttention.from_fused(_fused(backend="flash"))
+    with pytest.raises(ValueError, match="need_weights=True needs the attention scores"):
+        flash(randn64(1, 3, 8), need_weights=True)
+    calls = []
+    real = flash_module.flash_attention
+    monkeypatch.setattr(flash_module, "flash_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        flash(randn64(1, 3, 8))
+    assert len(calls) == 2, "backend='flash': every head goes through attn_lib.flash_attention"
+
+
+def test_layer_check_finite_false_reaches_the_mask_check():
+    nan_mask = torch.zeros(3, 3)
+    nan_mask[0, 1] = float("nan")
+    x = torch.ones(1, 3, 8)
+    with pytest.raises(ValueError, match="additive float mask"):
+        attn_lib.MultiHeadAttention(8, 2)(x, mask=nan_mask)
+    assert torch.isnan(attn_lib.MultiHeadAttention(8, 2, check_finite=False)(x, mask=nan_mask)).any()
+
+
+def test_layer_repr_names_sizes_and_a_non_default_backend():
+    mha = repr(attn_lib.MultiHeadAttention(8, 2, is_causal=True))
+    assert "d_model=8, num_heads=2, head_dim=4, is_causal=True\n" in mha and "backend" not in mha
+    looped = repr(attn_lib.LoopedMultiHeadAttention(8, 4, backend="flash"))
+    assert "d_model=8, num_heads=4, head_dim=2, is_causal=False, backend='flash'\n" in looped
+    single = repr(attn_lib.SelfAttention(6, 4, 2, backend="flash"))
+    assert "d_model=6, d_k=4, d_v=2, is_causal=False, backend='flash'\n" in single
+    assert "backend" not in repr(attn_lib.SelfAttention(6))
+
+
+def test_default_and_flash_reprs():
+    assert "backend" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
+    assert "head_dim=4, is_causal=False\n" in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
+    assert "head_dim=4, is_causal=False, backend='flash'\n" in repr(attn_lib.MultiHeadAttention(8, 2, backend="flash"))

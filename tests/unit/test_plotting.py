@@ -1,7 +1,8 @@
 """attn_lib.plotting: figures get the Chinese font without changing matplotlib's global state.
 
-Issue 9: the plotting functions changed global rcParams on every call and rebuilt the font
-list with matplotlib's private ``font_manager._load_fontmanager``. Now only the explicit
+What these tests protect: a plotting call must not change global rcParams, nor rebuild the
+font list with matplotlib's private ``font_manager._load_fontmanager`` (both once happened on
+every call). Only the explicit
 ``setup_chinese_font()`` touches rcParams; the plotting functions draw inside
 ``book_style()`` (a ``matplotlib.rc_context``) and name the CJK font on their own text.
 """
@@ -21,6 +22,7 @@ from matplotlib import font_manager  # noqa: E402
 from matplotlib.ft2font import FT2Font  # noqa: E402
 
 from attn_lib import plotting  # noqa: E402
+from attn_lib import worked_example as we  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,3 +125,37 @@ def test_draw_flash_step_refuses_bad_input(args, kwargs, exc, match):
 def test_show_flash_steps_refuses_no_steps():
     with pytest.raises(ValueError, match="at least one"):
         plotting.show_flash_steps([])
+
+
+# --- the CJK font and the labels of every plot ------------------------------------------------
+def test_plots_use_a_cjk_font_and_label_cells():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+
+    font = plotting.setup_chinese_font(force=True)
+    assert font is not None, plotting.NO_FONT_MESSAGE
+    path = font_manager.findfont(font_manager.FontProperties(family=font), fallback_to_default=False)
+    from matplotlib.ft2font import FT2Font
+
+    assert FT2Font(path).get_char_index(ord("水")) != 0, "chosen font has no glyph for 水"
+    ax = plotting.show_heatmap(torch.tensor([[0.61, 0.06, float("-inf")]]), row_labels=["它"],
+                               col_labels=list(we.KEY_TOKENS), title="注意力分数")
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["0.61", "0.06", "-∞"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["水", "书", "打翻"]
+    fig = plotting.show_heatmaps(torch.rand(3, 2, 2), titles=["头 1", "头 2", "头 3"], ncols=2)
+    assert len(fig.axes) == 4
+    ax = plotting.bar_scores([0.61, 0.06, 0.33], list(we.KEY_TOKENS))
+    assert [t.get_text() for t in ax.texts] == ["0.61", "0.06", "0.33"]
+    plt.close("all")
+
+
+def test_missing_font_message(monkeypatch):
+    monkeypatch.setattr(plotting, "find_chinese_font", lambda: None)
+    with pytest.warns(UserWarning, match="fonts-noto-cjk"):
+        assert plotting.setup_chinese_font(force=True) is None
+    monkeypatch.undo()
+    assert plotting.setup_chinese_font(force=True) is not None

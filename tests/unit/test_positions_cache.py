@@ -1,10 +1,9 @@
-"""Issue 11: positions (sinusoidal table, RoPE), bottom-right causal masks, the KV cache,
-the 「它」 data set and the tiny model; with this issue's bad-input rows.
+"""Positions (attn_lib.positions: the sinusoidal table, RoPE) and the KV cache (attn_lib.kv_cache).
 
 Every check compares against an answer computed independently: the sinusoidal formula with
-Python's math module, RoPE as a multiplication of complex numbers, torch's own
-``causal_lower_right`` bias inside ``scaled_dot_product_attention``, and one causal forward
-pass over the whole sequence for the cache.
+Python's math module, RoPE as a multiplication of complex numbers, and one causal forward
+pass over the whole sequence for the cache. (Bottom-right causal masks: test_masks.py; the
+「它」 data set and the tiny model: test_tiny_model.py; bad input: tests/contracts/test_bad_input.py.)
 """
 from __future__ import annotations
 
@@ -12,17 +11,17 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 import attn_lib
-from attn_lib import KVCache, MultiHeadAttention, apply_rotary, causal_mask, it_data, padding_mask, sinusoidal_positions
-from attn_lib import tiny_model
-from attn_lib.tolerances import assert_close
+from attn_lib import KVCache, MultiHeadAttention, apply_rotary, padding_mask, sinusoidal_positions, tiny_model
+from attn_lib.tolerances import assert_close, tolerance
 
-# The exports issue 11 adds to attn_lib (callables need a row in BAD_INPUT_ROWS below).
+from attn_paths import DISTINGUISHABLE
+
+# The exports for positions, the cache and the tiny model (each callable has rows in
+# tests/contracts/test_bad_input.py).
 NEW_EXPORTS = ["sinusoidal_positions", "apply_rotary", "KVCache", "it_data", "tiny_model"]
-F64 = dict(rtol=1e-10, atol=1e-12)
+F64 = tolerance("float64")  # rtol / atol of float64 results against an exact float64 answer
 
 
 def test_new_exports_are_exported():
@@ -40,13 +39,13 @@ def test_sinusoidal_positions_match_the_formula(L, d):
             i2 = col - col % 2  # 2i
             angle = pos / 10000.0 ** (i2 / d)
             want = math.sin(angle) if col % 2 == 0 else math.cos(angle)
-            assert abs(float(got[pos, col]) - want) < 1e-12, (pos, col)
+            assert abs(float(got[pos, col]) - want) <= F64["atol"] + F64["rtol"] * abs(want), (pos, col)
 
 
 def test_sinusoidal_positions_base_and_dtype():
     assert sinusoidal_positions(3, 4).dtype == torch.float32
     got = sinusoidal_positions(5, 2, base=100.0, dtype=torch.float64)
-    assert abs(float(got[3, 0]) - math.sin(3.0)) < 1e-12  # column 0: frequency 1 whatever the base
+    assert_close(got[3, 0], torch.tensor(math.sin(3.0), dtype=torch.float64), dtype="float64")  # column 0: frequency 1 whatever the base
     assert sinusoidal_positions(0, 4).shape == (0, 4)
 
 
@@ -80,8 +79,8 @@ def test_apply_rotary_preserves_norms(rng):
 
 def test_apply_rotary_explicit_positions_equal_default(rng):
     x = torch.randn(1, 2, 6, 4, generator=rng)
-    torch.testing.assert_close(apply_rotary(x, list(range(6))), apply_rotary(x), rtol=0, atol=0)
-    torch.testing.assert_close(apply_rotary(x, torch.arange(6)), apply_rotary(x), rtol=0, atol=0)
+    assert torch.equal(apply_rotary(x, list(range(6))), apply_rotary(x))
+    assert torch.equal(apply_rotary(x, torch.arange(6)), apply_rotary(x))
     x64 = x.double()
     assert torch.equal(apply_rotary(x64, [0] * 6), x64)  # position 0: no rotation
 
@@ -93,34 +92,11 @@ def test_rotary_scores_depend_only_on_the_offset(rng, shift):
     for m, n in [(0, 0), (3, 1), (2, 7), (10, 4)]:
         s = (apply_rotary(q, [m]) * apply_rotary(k, [n])).sum()
         s_shifted = (apply_rotary(q, [m + shift]) * apply_rotary(k, [n + shift])).sum()
-        assert abs(float(s - s_shifted)) < 1e-10
+        assert_close(s_shifted, s, dtype="float64", what=f"score at ({m}, {n}) shifted by {shift}")
     # and it does depend on the offset
     s1 = (apply_rotary(q, [3]) * apply_rotary(k, [1])).sum()
     s2 = (apply_rotary(q, [3]) * apply_rotary(k, [2])).sum()
-    assert abs(float(s1 - s2)) > 1e-3
-
-
-# --- bottom-right causal masks -----------------------------------------------------------------
-
-@pytest.mark.filterwarnings("ignore:Lower right causal bias")  # torch warns for L > S (rows with no key)
-@pytest.mark.parametrize("L,S", [(1, 1), (1, 5), (2, 4), (3, 7), (5, 5), (6, 3)])
-def test_bottom_right_mask_equals_torch_lower_right(L, S):
-    want = torch.tensor([[j <= i + (S - L) for j in range(S)] for i in range(L)], dtype=torch.bool)
-    assert torch.equal(causal_mask(L, S, align="bottom-right"), want)
-    assert torch.equal(causal_mask(L, S, align="bottom-right"), causal_lower_right(L, S)._materialize())
-    assert torch.equal(causal_mask(L, S), causal_mask(L, S, align="top-left"))  # the default
-
-
-@pytest.mark.parametrize("L,S", [(1, 6), (3, 7), (4, 4)])
-def test_bottom_right_attention_equals_torch_sdpa(rng, L, S):
-    q = torch.randn(2, 3, L, 8, generator=rng, dtype=torch.float64)
-    k = torch.randn(2, 3, S, 8, generator=rng, dtype=torch.float64)
-    v = torch.randn(2, 3, S, 5, generator=rng, dtype=torch.float64)
-    ours, _ = attn_lib.attention(q, k, v, mask=causal_mask(L, S, align="bottom-right"))
-    explicit = torch.ones(L, S, dtype=torch.bool).tril(S - L)  # (L,S) written out for torch
-    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=explicit), **F64)
-    torch.testing.assert_close(ours, F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, S)),
-                               **F64)
+    assert abs(float(s1 - s2)) > DISTINGUISHABLE
 
 
 # --- KV cache -----------------------------------------------------------------------------------
@@ -190,113 +166,3 @@ def test_cache_scores_count_grows_linearly(rng):
                           need_weights=True)
         counts.append(scores.numel())
     assert counts == [3 * (t + 1) for t in range(6)]  # H = 3 heads, one query, t + 1 keys
-
-
-# --- the 「它」 data set and the tiny model ---------------------------------------------------
-
-def test_data_splits_are_disjoint_and_deterministic():
-    train, test = it_data.make_split("train", 3000), it_data.make_split("test", 1000)
-    assert len(train) == 3000 and len(test) == 1000
-    assert {ex.frame for ex in train}.isdisjoint({ex.frame for ex in test})
-    assert {ex.tokens for ex in train}.isdisjoint({ex.tokens for ex in test})
-    assert {ex.frame for ex in test} == set(it_data.HELD_OUT_FRAMES)
-    assert it_data.make_split("test", 50) == test[:50]  # same seed, same sentences
-    train_words = {t for ex in train for t in ex.tokens}
-    assert {t for ex in test for t in ex.tokens} <= train_words  # held-out frames recombine seen words
-
-
-def test_data_labels_are_right_and_position_alone_fails():
-    test = it_data.make_split("test", 1000)
-    for ex in test:
-        assert ex.tokens[ex.it_index] == "它"
-        verb = ex.tokens[ex.it_index + (2 if ex.form == "被" else 1)]
-        assert it_data.VERB_CLASS[verb] == it_data.CLASS_OF[ex.target] != it_data.CLASS_OF[ex.other]
-        objects = [t for t in ex.tokens if t in it_data.CLASS_OF]
-        assert ex.target in objects[:2] and ex.other in objects[:2]
-    first = sum(ex.tokens[2] == ex.target for ex in test) / len(test)
-    nearest = sum([t for t in ex.tokens[: ex.it_index] if t in it_data.CLASS_OF][-1] == ex.target
-                  for ex in test) / len(test)
-    assert 0.4 < first < 0.6 and nearest < 0.6  # "the first object", "the nearest noun": near chance
-
-
-def test_tiny_model_learns_and_is_reproducible():
-    data = it_data.encode(it_data.make_split("train", 3000))
-    test = it_data.encode(it_data.make_split("test", 1000))
-    runs, before = [], torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            model = tiny_model.build_model("rope", seed=0)
-            losses = tiny_model.train(model, data)
-            runs.append((losses, [p.detach().clone() for p in model.parameters()]))
-    finally:
-        torch.set_num_threads(before)
-    assert runs[0][0] == runs[1][0]  # bit-identical losses with 1 and 2 threads
-    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
-    assert tiny_model.accuracy(model, test) > 0.9
-    assert tiny_model.accuracy(tiny_model.without_head(model, 0), test) < 0.8
-
-
-# --- bad input ------------------------------------------------------------------------------------
-
-def _cache_with(B=2, dtype=torch.float32, device="cpu"):
-    cache = KVCache()
-    cache.append(torch.zeros(B, 2, 3, 4, dtype=dtype, device=device), torch.zeros(B, 2, 3, 4, dtype=dtype, device=device))
-    return cache
-
-
-def _kv(B=2, dtype=torch.float32, device="cpu"):
-    return torch.zeros(B, 2, 1, 4, dtype=dtype, device=device), torch.zeros(B, 2, 1, 4, dtype=dtype, device=device)
-
-
-BAD_INPUT_ROWS = [
-    ("apply_rotary: odd D", lambda: apply_rotary(torch.zeros(1, 1, 3, 5)), ValueError, r"even head dim D.*got D=5"),
-    ("apply_rotary: 3-D x", lambda: apply_rotary(torch.zeros(1, 3, 4)), ValueError, r"x must be 4-D"),
-    ("apply_rotary: int x", lambda: apply_rotary(torch.zeros(1, 1, 3, 4, dtype=torch.int64)), TypeError,
-     r"floating-point"),
-    ("apply_rotary: float positions", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), torch.zeros(3)), TypeError,
-     r"positions must hold integers"),
-    ("apply_rotary: wrong number of positions", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), [0, 1]), ValueError,
-     r"positions must have shape \(L,\) = \(3,\)"),
-    ("apply_rotary: base 0", lambda: apply_rotary(torch.zeros(1, 1, 3, 4), base=0), ValueError, r"base must be"),
-    ("sinusoidal_positions: L float", lambda: sinusoidal_positions(3.0, 4), TypeError, r"L must be an int"),
-    ("sinusoidal_positions: d_model 0", lambda: sinusoidal_positions(3, 0), ValueError, r"d_model must be an int >= 1"),
-    ("sinusoidal_positions: base string", lambda: sinusoidal_positions(3, 4, base="1e4"), TypeError,
-     r"base must be a positive number"),
-    ("KVCache: another batch size", lambda: _cache_with(B=2).append(*_kv(B=3)), ValueError,
-     r"batch of B=2 .* new keys have B=3.*reset"),
-    ("KVCache: another dtype", lambda: _cache_with().append(*_kv(dtype=torch.float64)), TypeError,
-     r"cache holds torch.float32 but the new keys are torch.float64"),
-    ("KVCache: another device", lambda: _cache_with().append(*_kv(device="meta")), ValueError,
-     r"cache is on cpu but the new keys are on meta"),
-    ("KVCache: 3-D keys", lambda: KVCache().append(torch.zeros(1, 3, 4), torch.zeros(1, 3, 4)), ValueError,
-     r"k must be 4-D"),
-    ("KVCache: k and v differ", lambda: KVCache().append(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 2, 4)),
-     ValueError, r"k and v must share"),
-    ("MultiHeadAttention: kv_cache not a KVCache", lambda: MultiHeadAttention(4, 2)(torch.zeros(1, 2, 4), kv_cache={}),
-     TypeError, r"kv_cache must be an attn_lib.KVCache"),
-    ("MultiHeadAttention: kv_cache with cross-attention",
-     lambda: MultiHeadAttention(4, 2)(torch.zeros(1, 2, 4), torch.zeros(1, 3, 4), kv_cache=KVCache()),
-     ValueError, r"self-attention only"),
-    ("causal_mask: align unknown", lambda: causal_mask(2, 3, align="bottom-left"), ValueError,
-     r'align must be "top-left" or "bottom-right", got \'bottom-left\''),
-    ("causal_mask: align not a string", lambda: causal_mask(2, 3, align=True), TypeError, r"align must be the string"),
-    ("it_data.make_split: unknown split", lambda: it_data.make_split("dev", 3), ValueError, r'split must be "train"'),
-    ("tiny_model.TinyItModel: unknown positions", lambda: tiny_model.TinyItModel(5, 3, positions="alibi"), ValueError,
-     r"positions must be one of"),
-]
-
-
-@pytest.mark.parametrize("row", BAD_INPUT_ROWS, ids=[r[0] for r in BAD_INPUT_ROWS])
-def test_bad_input_gives_clear_error(row):
-    _, call, exc, pattern = row
-    with pytest.raises(exc, match=pattern):
-        call()
-
-
-def test_every_new_callable_export_has_a_row():
-    ids = " ".join(r[0] for r in BAD_INPUT_ROWS)
-    callables = [n for n in NEW_EXPORTS if callable(getattr(attn_lib, n))]
-    assert callables, "NEW_EXPORTS lists no callable: the check below would be vacuous"
-    missing = [n for n in callables if f"{n}:" not in ids]
-    assert not missing, f"no bad-input row for: {missing}"

@@ -1,5 +1,4 @@
 """The reference attention (torch) and its numpy twin against torch's own SDPA."""
-import math
 
 import numpy as np
 import pytest
@@ -9,6 +8,8 @@ import torch.nn.functional as F
 import attn_lib
 from attn_lib import numpy_ref
 from attn_lib.tolerances import assert_close
+
+from attn_paths import randn64
 
 SHAPES = [(1, 1, 1, 1, 4, 4), (2, 3, 5, 7, 8, 6), (1, 2, 17, 17, 16, 16), (2, 1, 9, 4, 3, 5)]
 
@@ -31,7 +32,7 @@ def test_matches_torch_sdpa(dtype, shape, is_causal, rng):
     assert_close(out, expected, dtype=dtype)
     assert scores.shape == shape[:3] + (shape[3],)
     row_sums = scores.sum(-1)
-    assert torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-6)
+    assert_close(row_sums, torch.ones_like(row_sums), dtype=dtype, what="rows of the scores sum to 1")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -132,3 +133,22 @@ def test_worked_example_numbers():
     assert torch.allclose(out.flatten(), expected_w @ v[0, 0])
     qa, ka, va = we.as_arrays()
     assert np.allclose(numpy_ref.attention(qa, ka, va)[0], out.numpy())
+
+
+# --- check_finite=False turns off the mask scan too; an empty float mask with no keys -----------
+QQ = randn64(1, 1, 3, 4)
+
+
+def test_check_finite_false_skips_the_mask_scan_too():
+    nan_mask = torch.zeros(3, 3, dtype=torch.float64)
+    nan_mask[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="additive float mask"):
+        attn_lib.attention(QQ, QQ, QQ, mask=nan_mask)
+    out, _ = attn_lib.attention(QQ, QQ, QQ, mask=nan_mask, check_finite=False)
+    assert torch.isnan(out[0, 0, 1]).all() and not torch.isnan(out[0, 0, 0]).any()
+
+
+def test_empty_float_mask_and_no_keys():
+    q, k, v = randn64(1, 1, 2, 4), randn64(1, 1, 0, 4), randn64(1, 1, 0, 3)
+    out, scores = attn_lib.attention(q, k, v, mask=torch.zeros(2, 0, dtype=torch.float64))
+    assert out.shape == (1, 1, 2, 3) and (out == 0).all() and scores.shape == (1, 1, 2, 0)

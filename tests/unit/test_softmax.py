@@ -1,3 +1,5 @@
+"""softmax and naive_softmax (torch and numpy): stable, -inf means masked, 16-bit input worked in float32."""
+import importlib
 import math
 
 import numpy as np
@@ -6,6 +8,9 @@ import torch
 
 import attn_lib
 from attn_lib import numpy_ref
+from attn_lib.tolerances import assert_close
+
+from attn_paths import randn64
 
 
 def test_softmax_matches_torch_and_sums_to_one():
@@ -31,27 +36,52 @@ def test_minus_inf_gets_zero_and_all_minus_inf_row_is_zeros():
     p = attn_lib.softmax(x)
     assert p[0, 1] == 0 and torch.isclose(p[0].sum(), torch.tensor(1.0))
     assert torch.equal(p[1], torch.zeros(3))
-    assert np.allclose(numpy_ref.softmax(x.numpy()), p.numpy(), atol=1e-7)
+    assert_close(numpy_ref.softmax(x.numpy()), p, dtype="float32", what="numpy_ref.softmax vs attn_lib.softmax")
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_nan_and_plus_inf_raise(bad):
-    x = torch.tensor([0.0, bad])
-    with pytest.raises(ValueError, match="nan"):
-        attn_lib.softmax(x)
-    with pytest.raises(ValueError, match="nan"):
-        numpy_ref.softmax(x.numpy())
+# --- naive_softmax along any axis; a single score; 16-bit input worked in float32 ---------------
+@pytest.mark.parametrize("shape,dim", [((3, 3), 0), ((3, 3), -1), ((3, 3), 1), ((2, 5), 0), ((2, 5), -1),
+                                       ((4, 1, 3), 0), ((4, 1, 3), 1), ((4, 1, 3), -1)])
+def test_naive_softmax_normalises_along_dim(shape, dim):
+    x = randn64(*shape)
+    assert_close(attn_lib.naive_softmax(x, dim), torch.softmax(x, dim), dtype="float64", what="naive_softmax")
+    assert_close(attn_lib.naive_softmax(x), torch.softmax(x, -1), dtype="float64", what="naive_softmax default dim")
 
 
-def test_half_precision_and_dtype_preserved():
-    x = torch.tensor([10.0, 0.0, -5.0], dtype=torch.float16)
+def test_softmax_of_a_single_score():
+    one = attn_lib.softmax(torch.tensor(2.5))
+    assert one.shape == () and one.item() == 1.0
+    assert attn_lib.softmax(torch.tensor(float("-inf"))).item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_softmax_is_computed_in_float32(dtype):
+    x = (randn64(4, 300) * 4).to(dtype)
+    expected = torch.softmax(x.float(), -1).to(dtype)
+    assert attn_lib.softmax(x).dtype == dtype and torch.equal(attn_lib.softmax(x), expected)
+    assert_close(attn_lib.online_softmax(x, 64), torch.softmax(x.double(), -1), dtype=dtype, what="online, 16-bit")
+    m, l = attn_lib.online_max_and_sum(x, 7)
+    assert m.dtype == l.dtype == torch.float32
+
+
+def test_16_bit_softmax_with_a_dead_row_keeps_its_dtype():
+    x = torch.tensor([[0.5, 1.0], [float("-inf"), float("-inf")]], dtype=torch.float16)
     p = attn_lib.softmax(x)
-    assert p.dtype == torch.float16
-    assert torch.allclose(p.float(), torch.softmax(x.float(), -1), atol=1e-3)
+    assert p.dtype == torch.float16 and (p[1] == 0).all()
+    assert_close(p[0], torch.softmax(x[0].double(), -1), dtype="float16")
 
 
-def test_non_float_rejected():
-    with pytest.raises(TypeError, match="floating-point"):
-        attn_lib.softmax(torch.tensor([1, 2, 3]))
-    with pytest.raises(TypeError, match="floating-point"):
-        numpy_ref.softmax(np.array([1, 2, 3]))
+def test_softmax_with_max_keeps_the_dtype_and_the_row_check_does_not_scan(monkeypatch):
+    sm = importlib.import_module("attn_lib.stable_softmax")  # the module (attn_lib.softmax is the function)
+    x = torch.tensor([[0.5, 1.0], [float("-inf"), float("-inf")]], dtype=torch.float16)
+    live = x[:1]
+    assert sm.softmax_with_max(live, live.amax(-1, keepdim=True), 1).dtype == torch.float16
+    assert sm.softmax_with_max(x, x.amax(-1, keepdim=True), 1).dtype == torch.float16
+
+    def no_scan(*a, **k):
+        raise AssertionError("finite row maxima: check_row_max must not scan the scores")
+
+    checks = importlib.import_module("attn_lib._validate.tensors")  # where check_row_max lives
+    monkeypatch.setattr(checks, "check_scores_finite", no_scan)
+    checks.check_row_max(x, x.amax(-1, keepdim=True))  # one -inf row max: allowed, no scan
+    assert (attn_lib.softmax(x)[1] == 0).all()

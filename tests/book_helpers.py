@@ -1,0 +1,21 @@
+"""Shared helpers for the book tests (tests/book): where the repository and its notebooks are,
+the set-up cell every notebook opens with, the tags that exempt a cell's output from checking,
+and how a notebook is read.
+
+The website helpers (the built site, the local server, Chromium) are in site_server.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository root, whatever the working directory
+NOTEBOOKS = sorted((ROOT / "chapters").glob("*.ipynb"))  # the chapters, in reading order
+SETUP_CELL = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8")  # the one source of the set-up cell
+UNCHECKED_TAGS = {"nbval-ignore-output", "nbval-skip"}  # cell tags whose outputs nbval does not compare
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """The notebook at ``path`` as nbformat version 4."""
+    return nbformat.read(path, as_version=4)
