@@ -10,19 +10,21 @@ from . import io_model, it_data, numpy_ref, tiny_model, worked_example
 from ._dispatch import BACKENDS
 from .device import cuda_available, default_device, try_gpu
 from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
-from .flash_torch import flash_attention_backward_torch, flash_attention_torch, naive_attention
+from .flash_torch import flash_attention_torch
+from .flash_torch_backward import flash_attention_torch_backward
+from .naive import naive_attention
 from .kv_cache import KVCache
 from .io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
 from .lookup import hard_lookup, soft_lookup
 from .masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
 from .positions import apply_rotary, sinusoidal_positions
-from .online_softmax import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
+from .online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
                              online_weighted_sum)
 from .reference import attention
 from .self_attention import SelfAttention
 from .similarity import dot, dot_all, dot_query_keys, euclidean_distance
-from .softmax import naive_softmax, softmax
+from .stable_softmax import naive_softmax, softmax
 from .tolerances import TOLERANCES, assert_close, tolerance
 
 __version__ = "0.1.0"
@@ -79,7 +81,7 @@ __all__ = [
     "flash_attention_triton",
     "naive_attention",
     # 第 9 章 FlashAttention 的反向传播 (flash_attention itself is differentiable)
-    "flash_attention_backward_torch",
+    "flash_attention_torch_backward",
     "flash_attention_triton_backward",
     # 第 10 章 位置、训练一个小模型、KV 缓存
     "sinusoidal_positions",

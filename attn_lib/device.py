@@ -48,6 +48,9 @@ def try_gpu(index: int = 0):
     """
     import torch
 
+    from ._validate import check_int
+
+    check_int("index", index, 0)
     forced = os.environ.get(ENV_VAR)
     if forced:
         try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._validate import check_int, check_positive_int
+from ._validate import check_counts, check_positive_int
 
 
 @dataclass
@@ -133,12 +133,12 @@ def tiled_block_sizes(d: int, M: int) -> tuple[int, int]:
     return bc, br
 
 
-def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, causal: bool = False,
+def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, is_causal: bool = False,
                        dv: int | None = None, key_padding_mask: bool = False) -> dict:
     """本书分块实现（查询块在外层，与 Triton 核函数同一顺序）对慢速显存的读写次数，单位：元素。
 
     For each query block ``[m0, m1)``: load Q_i once; stream the key blocks that some query
-    of the block may see (all S keys, or the first ``min(S, m1)`` when causal, top-left
+    of the block may see (all S keys, or the first ``min(S, m1)`` when ``is_causal``, top-left
     aligned), loading K_j, V_j (and the key-padding flags); store O_i and the log-sum-exp.
     ``block_n`` does not change the count (every visible key is loaded exactly once per query
     block); it is taken for symmetry with the implementation.
@@ -147,7 +147,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, ca
         L, S: numbers of queries and keys.
         d: head dim of q and k; ``dv``: of v (default ``d``).
         block_m, block_n: block sizes.
-        causal: only keys ``<= query index`` are visible.
+        is_causal: only keys ``<= query index`` are visible.
         key_padding_mask: whether a (B, S) mask is read as well.
 
     Returns:
@@ -155,13 +155,13 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, ca
     """
     for name, value in (("block_m", block_m), ("block_n", block_n), ("d", d)):
         check_positive_int(name, value)
-    _check_counts(L=L, S=S)
+    check_counts(L=L, S=S)
     dv = d if dv is None else check_positive_int("dv", dv)
     kv_keys = 0  # keys loaded, summed over query blocks
     n_blocks = 0
     for m0 in range(0, L, block_m):
         m1 = min(m0 + block_m, L)
-        kv_keys += min(S, m1) if causal else S
+        kv_keys += min(S, m1) if is_causal else S
         n_blocks += 1
     reads = {"Q": L * d, "K": kv_keys * d, "V": kv_keys * dv}
     if key_padding_mask:
@@ -197,11 +197,6 @@ def largest_tensor(fn, *args, **kwargs):
     return result, spy.largest
 
 
-def _check_counts(**sizes: int) -> None:
-    for name, value in sizes.items():
-        check_int(name, value, 0)
-
-
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:
     """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节（训练时随长度平方增长）。
 
@@ -212,7 +207,7 @@ def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 
     Returns:
         ``B * H * L * S * bytes_per_element`` (int).
     """
-    _check_counts(B=B, H=H, L=L, S=S, bytes_per_element=bytes_per_element)
+    check_counts(B=B, H=H, L=L, S=S, bytes_per_element=bytes_per_element)
     return B * H * L * S * bytes_per_element
 
 
@@ -227,7 +222,7 @@ def kv_cache_bytes(num_layers: int, B: int, H: int, S: int, D: int, bytes_per_el
     Returns:
         ``2 * num_layers * B * H * S * D * bytes_per_element`` (int).
     """
-    _check_counts(num_layers=num_layers, B=B, H=H, S=S, D=D, bytes_per_element=bytes_per_element)
+    check_counts(num_layers=num_layers, B=B, H=H, S=S, D=D, bytes_per_element=bytes_per_element)
     return 2 * num_layers * B * H * S * D * bytes_per_element
 
 

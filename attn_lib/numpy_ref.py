@@ -5,29 +5,10 @@ Same names, arguments, conventions and error messages as ``attn_lib.softmax`` an
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
-from ._validate import check_bool, check_int, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale, overflow_error
-
-
-def _check_float_array(name: str, x) -> np.ndarray:
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}; wrap it with np.asarray")
-    if x.dtype.kind != "f":
-        raise TypeError(f"{name} must be a floating-point array, got {x.dtype}; convert with {name}.astype(np.float64)")
-    return x
-
-
-def _normalize_dim(x: np.ndarray, dim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"dim must be an int, got {dim!r}")
-    n = max(x.ndim, 1)  # a 0-D array takes dim 0 or -1, as in the torch version
-    if not -n <= dim < n:
-        raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D array")
-    return dim % n
+from ._numerics import overflow_error, resolve_scale, work_dtype
+from ._validate import check_attention_arrays, check_bool, check_dim, check_float_array, check_int, check_scores_finite
 
 
 def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -40,7 +21,7 @@ def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     Returns:
         Array of ``x``'s shape (``nan`` where ``exp`` overflowed).
     """
-    _check_float_array("x", x)
+    check_float_array("x", x)
     with np.errstate(over="ignore", invalid="ignore"):
         e = np.exp(x)  # (...) -> (...)
         return e / e.sum(axis=axis, keepdims=True)  # (...) / (...,1) -> (...)
@@ -56,18 +37,15 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
     Returns:
         Array of ``x``'s shape and dtype (float16 is computed in float32).
     """
-    _check_float_array("x", x)
-    dim = _normalize_dim(x, dim)
-    if x.size and (np.isnan(x).any() or np.isposinf(x).any()):
-        raise ValueError(
-            f"x contains {int(np.isnan(x).sum())} nan and {int(np.isposinf(x).sum())} +inf entries; "
-            "softmax of such a row is undefined. Only -inf is allowed (it means 'masked')."
-        )
+    check_float_array("x", x)
+    dim = check_dim(x, dim)
+    if x.size:
+        check_scores_finite(x)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.copy()
-    work = x.astype(np.float32) if x.dtype == np.float16 else x
+    work = x.astype(work_dtype(x.dtype))  # float16 -> float32
     m = work.max(axis=dim, keepdims=True)  # (...,S) -> (...,1)
     m = np.where(np.isfinite(m), m, 0)  # all -inf rows: shift by 0
     e = np.exp(work - m)  # -inf -> 0
@@ -95,8 +73,8 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
 
     Args:
         q: (B, H, L, D); k: (B, H, S, D); v: (B, H, S, Dv) float arrays of one dtype.
-        mask: optional bool (True = may attend) or float (additive) array, broadcastable
-            to (B, H, L, S).
+        mask: optional bool (True = may attend) or float (additive) array, 2-D (L, S) or
+            4-D, broadcastable to (B, H, L, S) (a 3-D mask is refused, as in the torch version).
         is_causal: hide the keys after each query (top-left aligned).
         scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``; must be > 0.
 
@@ -107,49 +85,30 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
         ValueError: "attention scores overflowed to +inf ..." when ``scale·q·k`` exceeds the
             working dtype's range, as on every torch path.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float_array(name, t)
-    check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
-    B, H, L, S, D, Dv = check_qkv_shapes(q, k, v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.size and not np.isfinite(t).all():
-            raise ValueError(f"{name} contains nan or inf; attention would turn it into nan.")
+    (B, H, L, S, D, Dv), scale, mask = check_attention_arrays(q, k, v, mask, scale)
     check_bool("is_causal", is_causal)
-    scale = check_scale(scale)
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    work = np.float32 if q.dtype == np.float16 else q.dtype
+    work = work_dtype(q.dtype)  # float16 -> float32
     qw, kw, vw = q.astype(work), k.astype(work), v.astype(work)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below, once
-        raw = logits = (qw @ np.swapaxes(kw, -2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
-    if mask is not None:
-        mask = np.asarray(mask)
-        check_mask_shape(mask, (B, H, L, S))
-        if mask.dtype == bool:
-            logits = np.where(mask, logits, -np.inf)  # (B,H,L,S), hidden -> -inf
-        elif mask.dtype.kind == "f":
-            if np.isnan(mask).any() or np.isposinf(mask).any():
-                raise ValueError("an additive float mask may contain -inf (hidden) but not nan or +inf")
-            logits = logits + mask.astype(work)  # (B,H,L,S) + broadcast(mask) -> (B,H,L,S)
-        else:
-            raise TypeError(
-                f"mask must be bool (True = may attend) or float (added to the scores), got {mask.dtype}; "
-                "for a 0/1 mask use mask.astype(bool)"
-            )
+        raw = (qw @ np.swapaxes(kw, -2, -1)) * resolve_scale(scale, D)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    visible = np.ones((L, S), dtype=bool) if mask is None or mask.dtype != bool else mask  # broadcastable
+    logits = raw if mask is None or mask.dtype == bool else raw + mask.astype(work)  # (B,H,L,S)
+    if mask is not None and mask.dtype != bool:
+        visible = np.isfinite(mask)  # an additive -inf hides the key
     if is_causal:
-        logits = np.where(causal_mask(L, S), logits, -np.inf)  # (B,H,L,S)
-    if logits.size:
-        with np.errstate(invalid="ignore"):
-            m = logits.max(axis=-1)  # (B,H,L); nan propagates, -inf: the row sees no key
-        if np.isnan(m).any() or np.isposinf(m).any():
-            raise overflow_error(logits.dtype)
-        if np.isneginf(m).any() and np.isinf(raw).any():  # no visible key (fine), or overflow to -inf
-            visible = np.ones(logits.shape, dtype=bool)  # (B,H,L,S): what the mask and causal rule let through
-            if mask is not None:
-                visible &= np.broadcast_to(mask if mask.dtype == bool else np.isfinite(mask), logits.shape)
-            if is_causal:
-                visible &= causal_mask(L, S)
-            if (np.isinf(raw) & visible).any():
-                raise overflow_error(logits.dtype)
+        visible = visible & causal_mask(L, S)  # (...,L,S)
+    logits = np.where(visible, logits, -np.inf)  # (B,H,L,S), hidden -> -inf
+    if logits.size and _overflowed(raw, logits, visible):
+        raise overflow_error(logits.dtype)
     scores = softmax(logits, dim=-1)  # (B,H,L,S)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.astype(q.dtype), scores.astype(q.dtype)
+
+
+def _overflowed(raw, logits, visible) -> bool:
+    """溢出规则（同 torch 各路径）：行最大值是 nan / +inf，或看得见的分数溢出成了 ±inf。"""
+    with np.errstate(invalid="ignore"):
+        m = logits.max(axis=-1)  # (B,H,L); nan propagates, -inf: the row sees no key
+    if np.isnan(m).any() or np.isposinf(m).any():
+        return True
+    return bool(np.isneginf(m).any() and (np.isinf(raw) & np.broadcast_to(visible, raw.shape)).any())

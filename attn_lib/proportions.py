@@ -16,7 +16,7 @@ import math
 import torch
 
 from ._validate import check_positive_int
-from .softmax import softmax
+from .stable_softmax import softmax
 
 WEIGHTINGS = ("softmax", "exp", "sigmoid")
 

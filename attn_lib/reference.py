@@ -14,84 +14,12 @@ the core directly. Scores that overflow to +inf in the working dtype raise ``Val
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ._validate import (all_finite, check_bool, check_mask_shape, check_qkv_shapes, check_same_dtype, check_scale,
-                        overflow_error)
+from ._numerics import overflow_error, resolve_scale, work_dtype
+from ._validate import check_attention_inputs, check_bool, check_mask  # noqa: F401  (check_mask: the layers)
 from .masks import causal_mask
-from .softmax import softmax_with_max
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True):
-    """检查 attention 的全部输入，返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
-
-    Args:
-        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv) float tensors of one dtype and device.
-        mask: None, or a bool / float tensor broadcastable to (B, H, L, S).
-        scale: None or a positive finite number.
-        check_finite: also scan q, k, v (and a float mask) for nan / inf. This is the only
-            part that reads the data (on CUDA: a host sync); pass False when the caller has
-            already checked, or knowingly skips it.
-
-    Returns:
-        ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"{name} must be a torch.Tensor, got {type(t).__name__}; "
-                "for numpy arrays use attn_lib.numpy_ref.attention"
-            )
-        if t.dtype not in _FLOATS:
-            raise TypeError(
-                f"{name} must be a floating-point tensor (float16/bfloat16/float32/float64), "
-                f"got {t.dtype}; convert with {name}.float()"
-            )
-    check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
-    devices = {str(q.device), str(k.device), str(v.device)}
-    if len(devices) > 1:
-        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-    dims = check_qkv_shapes(q, k, v)
-    B, H, L, S, _, _ = dims
-    check_bool("check_finite", check_finite)
-    for name, t in (("q", q), ("k", k), ("v", v)) if check_finite else ():
-        if t.numel() and not all_finite(t):
-            raise ValueError(
-                f"{name} contains nan or inf; attention would turn it into nan. "
-                "Check the layer that produced it (masks belong in `mask`, not in q/k/v)."
-            )
-    if mask is not None:
-        check_mask(mask, (B, H, L, S), q.device, check_finite=check_finite)
-    return dims, check_scale(scale)
-
-
-def check_mask(mask, target: tuple, device, *, check_finite: bool, name: str = "mask") -> None:
-    """检查掩码：torch 张量、布尔或浮点、与 q 同设备、能广播到分数形状；浮点掩码不许有 nan / +inf。
-
-    Args:
-        mask: bool (True = may attend) or additive float tensor.
-        target: the shape it must broadcast to, usually the scores' (B, H, L, S).
-        device: q's device.
-        check_finite: also reduce a float mask once to look for nan / +inf.
-        name: the argument's name for the messages.
-    """
-    if not isinstance(mask, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(mask).__name__}")
-    if mask.dtype != torch.bool and not mask.is_floating_point():
-        raise TypeError(
-            f"{name} must be bool (True = may attend) or float (added to the scores), got {mask.dtype}; "
-            f"for a 0/1 mask use {name}.bool()"
-        )
-    if str(mask.device) != str(device):
-        raise ValueError(f"{name} is on {mask.device} but q is on {device}")
-    check_mask_shape(mask, target)
-    top = mask.amax() if check_finite and mask.is_floating_point() and mask.numel() else None  # nan propagates
-    if top is not None and bool(torch.isnan(top) | torch.isposinf(top)):
-        raise ValueError(f"an additive float {name} may contain -inf (hidden) but not nan or +inf")
+from .stable_softmax import softmax_with_max
 
 
 def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=True):
@@ -101,8 +29,10 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=T
         q: queries, shape (B, H, L, D).
         k: keys, shape (B, H, S, D).
         v: values, shape (B, H, S, Dv).
-        mask: optional, broadcastable to (B, H, L, S). Bool: True = may attend (as in torch).
-            Float: added to the scaled scores (use ``-inf`` to hide a key).
+        mask: optional, 2-D (L, S) or 4-D, broadcastable to (B, H, L, S). Bool: True = may
+            attend (as in torch). Float: added to the scaled scores (use ``-inf`` to hide a
+            key). A 3-D mask is refused (it would broadcast as (H, L, S)): use
+            ``mask.unsqueeze(1)`` for one pattern per sequence, ``mask[None]`` for one per head.
         is_causal: hide keys after each query (top-left aligned, see ``causal_mask``).
         scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``; must be a number > 0 (not a
             tensor that requires grad: scale is not differentiable).
@@ -118,10 +48,10 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=T
         ValueError: "attention scores overflowed to +inf ..." when ``scale·q·k`` exceeds the
             working dtype's range (and ``check_finite`` is on).
     """
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, mask, scale, check_finite=check_finite)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, mask, scale, check_finite=check_finite,
+                                                        refuse_3d_mask=True)
     check_bool("is_causal", is_causal)
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    return _attention_core(q, k, v, mask, is_causal, scale, check_overflow=check_finite)
+    return _attention_core(q, k, v, mask, is_causal, resolve_scale(scale, D), check_overflow=check_finite)
 
 
 def _masked(logits, mask, is_causal: bool):
@@ -140,7 +70,7 @@ def _masked(logits, mask, is_causal: bool):
 def _attention_core(q, k, v, mask, is_causal: bool, scale: float, *, check_overflow: bool):
     """attention 的无检查内核：输入已检查过（形状、精度、掩码），scale 已是 float。返回（输出，分数）。"""
     S = k.shape[-2]
-    work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+    work = work_dtype(q.dtype)
     qw, kw, vw = q.to(work), k.to(work), v.to(work)
     raw = (qw @ kw.transpose(-2, -1)) * scale  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
     logits = _masked(raw, mask, is_causal)  # (B,H,L,S), hidden -> -inf

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from ._validate import check_positive_int
-from .softmax import softmax
+from .stable_softmax import softmax
 
 
 def _generator(generator: torch.Generator | None, seed: int) -> torch.Generator:

@@ -8,9 +8,13 @@
 With ``--backward`` every case is one forward and one backward (``out.backward(dout)`` with a
 fixed random ``dout``, inputs that require grad): ``torch SDPA`` against
 ``attn_lib.flash_attention(..., backend="torch")`` (the tiled forward, then the tiled
-FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_backward_torch``), and
+FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_torch_backward``), and
 ``naive`` = the naive path's autograd, which stores the (B, H, N, N) matrices. Default
 implementations there: sdpa and tiled; results go to ``bench/results/cpu_backward.json``.
+
+Both sides of a comparison are timed alike, and the output says how: ``--checks none``
+(default) calls attn_lib's unchecked cores (no input scan, no overflow host sync), as SDPA
+does no checks; ``--checks both`` runs the door's input checks before every side.
 
 Every (implementation, N, causal) case runs in its own subprocess, so each one starts from the
 same memory state:
@@ -47,6 +51,12 @@ RESULTS_BACKWARD = Path(__file__).resolve().parent / "results" / "cpu_backward.j
 BACKWARD_SIZES = (1024, 4096, 8192)
 
 
+CHECKS = {
+    "none": "# checks: none on any side (attn_lib's unchecked cores, SDPA as is: no input scan, no overflow sync)",
+    "both": "# checks: on every side (the door's input checks before each call; attn_lib also checks overflow)",
+}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N (L = S = N)")
@@ -66,6 +76,9 @@ def parse_args(argv=None):
     p.add_argument("--block-n", type=int, default=None, help="BLOCK_N of the tiled path")
     p.add_argument("--out", type=Path, default=None, help=f"where to write the JSON (default {RESULTS})")
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--checks", choices=CHECKS, default="none",
+                   help="none: every side unchecked (attn_lib's unchecked cores, SDPA as is); both: the door's "
+                        "input checks (types, shapes, one nan/inf scan of q, k, v) before every side")
     p.add_argument("--worker", nargs=3, metavar=("IMPL", "N", "CAUSAL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.sizes is None:
@@ -113,7 +126,10 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    import attn_lib
+    from attn_lib._validate import check_attention_inputs
+    from attn_lib.flash import _flash_unchecked
+    from attn_lib.flash_torch import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, _forward_tiles
+    from attn_lib.naive import _naive_core
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -123,11 +139,16 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
         return [torch.randn((args.batch, args.heads, n, args.head_dim), generator=gen) for _ in range(3)]  # (B,H,n,D)
 
     def call(q, k, v):
+        if args.checks == "both":  # the same door on every side
+            check_attention_inputs(q, k, v)
         if impl == "naive":
-            return attn_lib.naive_attention(q, k, v, causal=causal)
+            return _naive_core(q, k, v, causal, q.shape[-1] ** -0.5, None, check_overflow=args.checks == "both")
         if impl == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        return attn_lib.flash_attention_torch(q, k, v, causal=causal, block_m=args.block_m, block_n=args.block_n)[0]
+        with torch.no_grad():
+            return _forward_tiles(q, k, v, None, causal=causal, scale=q.shape[-1] ** -0.5,
+                                  block_m=args.block_m or DEFAULT_BLOCK_M, block_n=args.block_n or DEFAULT_BLOCK_N,
+                                  counter=None)[0]
 
     if args.backward:
         forward = call
@@ -135,8 +156,13 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
         def call(q, k, v):  # noqa: F811  forward + backward through autograd
             for t in (q, k, v):
                 t.grad = None
-            out = (attn_lib.flash_attention(q, k, v, causal=causal, backend="torch") if impl == "tiled"
-                   else forward(q, k, v))  # (B,H,N,D)
+            if impl == "tiled":
+                if args.checks == "both":
+                    check_attention_inputs(q, k, v)
+                out = _flash_unchecked(q, k, v, is_causal=causal, scale=q.shape[-1] ** -0.5, key_padding_mask=None,
+                                       backend="torch", check_overflow=args.checks == "both")  # (B,H,N,D)
+            else:
+                out = forward(q, k, v)  # (B,H,N,D)
             out.backward(dout[..., : out.shape[2], :])
             return out
 
@@ -163,7 +189,8 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
 
 def spawn(impl: str, N: int, causal: bool, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", impl, str(N), str(int(causal)), "--reps", str(args.reps),
-           "--batch", str(args.batch), "--heads", str(args.heads), "--head-dim", str(args.head_dim)]
+           "--batch", str(args.batch), "--heads", str(args.heads), "--head-dim", str(args.head_dim),
+           "--checks", args.checks]
     for flag, value in (("--threads", args.threads), ("--block-m", args.block_m), ("--block-n", args.block_n)):
         if value:
             cmd += [flag, str(value)]
@@ -223,6 +250,7 @@ def main(argv=None) -> int:
                 results.append(r)
                 print(f"  done: {impl:>5} N={N:>5} causal={causal!s:>5} "
                       + (f"{r['time_s'] * 1e3:9.1f} ms" if "time_s" in r else r["error"]), flush=True)
+    print(CHECKS[args.checks])
     print(format_table(results, info))
     out = args.out or (None if (args.quick or args.no_save) else (RESULTS_BACKWARD if args.backward else RESULTS))
     if out is not None:
@@ -231,7 +259,7 @@ def main(argv=None) -> int:
             "machine": info,
             "config": {"B": args.batch, "H": args.heads, "D": args.head_dim, "dtype": "float32", "reps": args.reps,
                        "backward": bool(args.backward),
-                       "block_m": args.block_m, "block_n": args.block_n,
+                       "block_m": args.block_m, "block_n": args.block_n, "checks": CHECKS[args.checks],
                        "time": "min over reps after one warm-up, seconds",
                        "memory": "peak RSS after the calls minus peak RSS before them (MiB), one process per case"},
             "command": "python bench/cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -9,9 +9,10 @@ Shapes follow flash-attn's benchmark: B * N = 16k tokens and H * D = 2048 (so B 
 H = 2048 // D) unless --batch / --heads are given. Forward FLOPs are ``4 * B * H * N * N * D``
 (two matrix products); the backward has five products, 2.5 times the forward, so forward +
 backward is 3.5 times the forward (flash-attn's convention); half of each with ``causal``.
-TFLOP/s = FLOPs / time. The Triton kernels are timed through ``attn_lib.flash_triton.launch``
-and ``launch_backward`` (the kernels alone, as SDPA is called without attn_lib's input
-checks); SDPA's and the naive path's backward run through autograd (``out.backward(dout)``).
+TFLOP/s = FLOPs / time. Every side is timed without input checks (the output says so): the
+Triton kernels through ``attn_lib._triton_launch.launch`` and ``launch_backward`` (the kernels
+alone), the naive path through its unchecked core, SDPA as is; SDPA's and the naive path's
+backward run through autograd (``out.backward(dout)``).
 Time: ``triton.testing.do_bench`` (median, L2 flushed between runs). Memory:
 ``torch.cuda.max_memory_allocated`` during one call minus before it, MiB. Naive attention
 that does not fit is reported as "OOM". Runs in a few minutes on one recent GPU. Writes
@@ -36,6 +37,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "gpu.json"
 NO_GPU_MESSAGE = ("bench/gpu.py needs a CUDA GPU and torch with CUDA; none was found "
                   "(torch.cuda.is_available() is False). For this machine run bench/cpu.py.")
 
+
+CHECKS = "# checks: none on any side (the Triton launchers and the naive core unchecked, SDPA as is)"
 
 def attention_flops(B: int, H: int, L: int, S: int, D: int, causal: bool = False, mode: str = "fwd") -> float:
     """注意力的浮点运算次数：前向 QKᵀ 和 PV 两次矩阵乘各 2·B·H·L·S·D；反向是前向的 2.5 倍；因果时只算一半。
@@ -125,7 +128,7 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import attn_lib
+    from attn_lib.naive import _naive_core
 
     scale = q.shape[-1] ** -0.5
     if impl == "triton":
@@ -141,8 +144,8 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
                                           dot_fp32=flags["dot_fp32"], capability=flags["capability"])
         return fwd_bwd
     if impl == "naive":
-        def forward():
-            return attn_lib.naive_attention(q, k, v, causal=causal)
+        def forward():  # the unchecked core, as the kernels and SDPA run without checks
+            return _naive_core(q, k, v, causal, scale, None, check_overflow=False)
     else:
         def forward():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -201,7 +204,7 @@ def check_kernel(torch, kernel, flags_for) -> None:
             grads = kernel.launch_backward(ql, kl, vl, out, lse, dl, None, causal, 64 ** -0.5, interpret=False,
                                            dot_fp32=flags["dot_fp32"], capability=flags["capability"])
             nl = [t.detach().requires_grad_() for t in (ql, kl, vl)]
-            naive = attn_lib.naive_attention(*nl, causal=causal)
+            naive = attn_lib.naive_attention(*nl, is_causal=causal)
             naive.backward(dl)
             assert_flash_rule(out, naive.detach(), ref.detach(), what=f"triton out {dtype} causal={causal}")
             for name, g, n, r in zip(("dq", "dk", "dv"), grads, nl, leaves):
@@ -212,8 +215,8 @@ def check_kernel(torch, kernel, flags_for) -> None:
                 assert err <= 2 * naive_err + atol, f"triton {name} {dtype} causal={causal}: {err:.3e} vs {naive_err:.3e}"
 
 
-_NOT_POINTERS = {"H", "L", "S", "HZ_START", "D", "DV", "CAUSAL", "HAS_KPM", "DOT_FP32", "INPUT_PRECISION", "INT64",
-                 "BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"}
+_NOT_POINTERS = {"H", "L", "S", "HZ_START", "CAUSAL_OFFSET", "SPLIT_SCALE", "D", "DV", "CAUSAL", "HAS_KPM", "DOT_FP32",
+                 "INPUT_PRECISION", "INT64", "BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"}
 
 
 def kernel_signature(arg_names, dtype_name: str, constexprs: dict) -> dict:
@@ -255,21 +258,23 @@ def compile_only(sm: int, head_dims, dtypes) -> int:
     # Not through attn_lib.flash.load_kernel: without a GPU it would pick the interpreter; the
     # __main__ block set TRITON_INTERPRET=0, so this import builds compilable kernels.
     kernel = importlib.import_module("attn_lib.flash_triton")
+    backward = importlib.import_module("attn_lib.flash_triton_backward")
+    config = importlib.import_module("attn_lib._triton_config")
     if type(kernel._attn_fwd).__name__ != "JITFunction":
         print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM",
               file=sys.stderr)
         return 2
     target = GPUTarget("cuda", sm, 32)
-    kernels = (("fwd", kernel._attn_fwd), ("dkdv", kernel._attn_bwd_dkdv), ("dq", kernel._attn_bwd_dq))
+    kernels = (("fwd", kernel._attn_fwd), ("dkdv", backward._attn_bwd_dkdv), ("dq", backward._attn_bwd_dq))
     print(f"# sm_{sm}: shared memory per program, first configuration of each kernel (causal, key padding)")
     for dtype in dtypes:
         tdtype = getattr(torch, dtype)
         dot_fp32 = tdtype == torch.bfloat16 and sm < 80  # as attn_lib.flash.kernel_flags decides
         for D in head_dims:
             for kind, fn in kernels:
-                cfg = kernel.candidate_configs(D, D, tdtype, False, kind=kind, capability=(sm // 10, sm % 10))[0]
+                cfg = config.candidate_configs(D, D, tdtype, False, kind=kind, capability=(sm // 10, sm % 10))[0]
                 consts = dict(D=D, DV=D, CAUSAL=True, HAS_KPM=True, DOT_FP32=dot_fp32,
-                              INPUT_PRECISION="ieee" if dot_fp32 else None, INT64=False,
+                              INPUT_PRECISION="ieee" if dot_fp32 else None, INT64=False, SPLIT_SCALE=False,
                               **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV")})
                 src = ASTSource(fn=fn, signature=kernel_signature(fn.arg_names, {"float16": "fp16", "bfloat16": "bf16"}[dtype],
                                                                   consts),
@@ -308,6 +313,7 @@ def _run(args, argv, torch, kernel, flags_for) -> int:
     info = machine(torch)
     print(f"# {info['gpu']} (sm_{info['capability'].replace('.', '')}), CUDA {info['cuda']}, torch {info['torch']}, "
           f"triton {info['triton']}, {info['date']}")
+    print(CHECKS)
     results = []
     for mode in args.passes:
         for dtype in args.dtypes:
@@ -328,6 +334,7 @@ def _run(args, argv, torch, kernel, flags_for) -> int:
                    "config": {"shape": "B = 16384 // N, H = 2048 // D unless --batch/--heads",
                               "time": "triton.testing.do_bench median, ms",
                               "flops": "fwd: 4*B*H*N*N*D; fwd_bwd: 3.5 x fwd; /2 if causal"},
+                   "checks": CHECKS,
                    "command": "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "results": results}
         out.write_text(json.dumps(payload, indent=1) + "\n")

@@ -43,7 +43,7 @@ import torch, attn_lib
 gen = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(2, 3, 37, 16, generator=gen) for _ in range(3))  # (B,H,L,D)
 out, scores = attn_lib.attention(q, k, v, is_causal=True)
-tiled, lse = attn_lib.flash_attention_torch(q, k, v, causal=True, block_m=8, block_n=5)
+tiled, lse = attn_lib.flash_attention_torch(q, k, v, is_causal=True, block_m=8, block_n=5)
 layer = attn_lib.MultiHeadAttention(48, 3)
 for p in layer.parameters():
     torch.nn.init.normal_(p, std=0.1, generator=gen)

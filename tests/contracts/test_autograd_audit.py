@@ -119,7 +119,7 @@ NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tol
 # Made differentiable by the FlashAttention backward and audited by its tests (tests/kernels/test_flash_backward.py,
 # tests/kernels/test_flash_triton_backward.py).
 OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
-                   "flash_attention_backward_torch", "flash_attention_triton_backward",  # compute gradients
+                   "flash_attention_torch_backward", "flash_attention_triton_backward",  # compute gradients
                    "KVCache"}  # a container for generation: tests/unit/test_positions_cache.py
 
 

@@ -154,7 +154,7 @@ def splits_for(draw, n: int):
 @given(x=arrays(np.float64, array_shapes(min_dims=1, max_dims=3, max_side=12), elements=_SOFTMAX_ELEMENTS),
        dtype=st.sampled_from(["float64", "float32", "float16", "bfloat16"]), data=st.data())
 def test_online_softmax_over_any_split_equals_softmax(x, dtype, data):
-    osm = importlib.import_module("attn_lib.online_softmax")
+    osm = importlib.import_module("attn_lib.online")
 
     S = x.shape[-1]
     splits = data.draw(splits_for(S), label="splits")

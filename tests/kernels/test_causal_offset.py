@@ -15,7 +15,8 @@ import torch
 
 import attn_lib
 from attn_lib.flash import _flash_unchecked
-from attn_lib.flash_torch import _backward_tiles, _forward_tiles
+from attn_lib.flash_torch import _forward_tiles
+from attn_lib.flash_torch_backward import _backward_tiles
 from attn_lib.tolerances import assert_close
 
 from attn_paths import flash_inputs

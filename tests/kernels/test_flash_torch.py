@@ -4,7 +4,7 @@ import torch
 
 import attn_lib
 from attn_lib.flash import choose_backend, flash_attention
-from attn_lib.flash_torch import flash_attention_torch, naive_attention
+from attn_lib import flash_attention_torch, naive_attention
 from attn_lib.io_model import largest_tensor
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol
 
@@ -38,7 +38,7 @@ def test_float64_matches_reference(shape, causal, padding):
     q, k, v, kpm = make_inputs(B, H, L, S, D, Dv, padding=padding)
     ref, lse_ref = reference(q, k, v, kpm, causal)
     for bm, bn in BLOCKS:
-        out, lse = flash_attention_torch(q, k, v, causal=causal, key_padding_mask=kpm, block_m=bm, block_n=bn)
+        out, lse = flash_attention_torch(q, k, v, is_causal=causal, key_padding_mask=kpm, block_m=bm, block_n=bn)
         assert out.shape == (B, H, L, Dv) and lse.shape == (B, H, L)
         assert_close(out, ref, what=f"out, blocks {bm}x{bn}")
         check_lse(lse, lse_ref, atol=lse_atol(torch.float64))
@@ -49,9 +49,9 @@ def test_long_sequence_1025(causal):
     q, k, v, kpm = make_inputs(1, 2, 1025, 1025, 16, padding=True)
     ref, lse_ref = reference(q, k, v, kpm, causal)
     q32, k32, v32 = q.float(), k.float(), v.float()
-    out, lse = flash_attention_torch(q32, k32, v32, causal=causal, key_padding_mask=kpm, block_m=256, block_n=128)
+    out, lse = flash_attention_torch(q32, k32, v32, is_causal=causal, key_padding_mask=kpm, block_m=256, block_n=128)
     assert_close(out, ref, what="float32 out")
-    naive = naive_attention(q32, k32, v32, causal=causal, key_padding_mask=kpm)
+    naive = naive_attention(q32, k32, v32, is_causal=causal, key_padding_mask=kpm)
     assert_flash_rule(out, naive, ref)
     check_lse(lse, lse_ref, atol=lse_atol(torch.float32))
 
@@ -62,9 +62,9 @@ def test_low_precision_flash_rule(dtype, causal):
     q, k, v, kpm = make_inputs(2, 2, 97, 113, 32, padding=True, seed=3)
     ref, _ = reference(q, k, v, kpm, causal)
     ql, kl, vl = q.to(dtype), k.to(dtype), v.to(dtype)
-    out, lse = flash_attention_torch(ql, kl, vl, causal=causal, key_padding_mask=kpm, block_m=32, block_n=16)
+    out, lse = flash_attention_torch(ql, kl, vl, is_causal=causal, key_padding_mask=kpm, block_m=32, block_n=16)
     assert out.dtype == dtype and lse.dtype == torch.float32
-    naive = naive_attention(ql, kl, vl, causal=causal, key_padding_mask=kpm)
+    naive = naive_attention(ql, kl, vl, is_causal=causal, key_padding_mask=kpm)
     assert_flash_rule(out, naive, ref, what=str(dtype))
     if dtype == torch.float32:
         assert_close(out, ref)
@@ -76,7 +76,7 @@ def test_rows_that_see_no_key_give_zeros():
     kpm[1] = False  # second sequence: every key absent
     kpm[0, 0] = False  # first sequence: with causal, query 0 sees only key 0, which is absent
     for causal in (False, True):
-        out, lse = flash_attention_torch(q, k, v, causal=causal, key_padding_mask=kpm, block_n=4)
+        out, lse = flash_attention_torch(q, k, v, is_causal=causal, key_padding_mask=kpm, block_n=4)
         assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
         assert torch.isfinite(out).all()
     assert torch.all(out[0, :, 0] == 0) and torch.all(torch.isneginf(lse[0, :, 0]))
@@ -91,7 +91,7 @@ def test_scale_and_strided_inputs():
     v = torch.randn(2, 40, 3, 8, generator=gen, dtype=torch.float64).transpose(1, 2)
     assert not q.is_contiguous()
     ref, lse_ref = reference(q, k, v, None, True, scale=0.3)
-    out, lse = flash_attention_torch(q, k, v, causal=True, scale=0.3, block_m=8, block_n=16)
+    out, lse = flash_attention_torch(q, k, v, is_causal=True, scale=0.3, block_m=8, block_n=16)
     assert_close(out, ref)
     check_lse(lse, lse_ref, atol=lse_atol(torch.float64))
 
@@ -101,7 +101,7 @@ def test_empty_key_set_and_empty_queries():
     out, lse = flash_attention_torch(q, k, v)
     assert out.shape == (1, 2, 5, 4) and torch.all(out == 0) and torch.all(torch.isneginf(lse))
     q, k, v, _ = make_inputs(1, 2, 0, 5, 4)
-    out, lse = flash_attention_torch(q, k, v, causal=True)
+    out, lse = flash_attention_torch(q, k, v, is_causal=True)
     assert out.shape == (1, 2, 0, 4) and lse.shape == (1, 2, 0)
 
 
@@ -110,11 +110,11 @@ def test_never_materialises_the_score_matrix():
     q, k, v, kpm = make_inputs(B, H, L, S, D, padding=True)
     q, k, v = q.float(), k.float(), v.float()
     for causal in (False, True):
-        _, largest = largest_tensor(flash_attention_torch, q, k, v, causal=causal, key_padding_mask=kpm,
+        _, largest = largest_tensor(flash_attention_torch, q, k, v, is_causal=causal, key_padding_mask=kpm,
                                     block_m=128, block_n=64)
         # the biggest thing ever made is the score tile (B*H*128*64) or a copy of an input (B*H*L*D)
         assert largest <= max(B * H * 128 * 64, B * H * L * D) < B * H * L * S
-        _, largest = largest_tensor(naive_attention, q, k, v, causal=causal, key_padding_mask=kpm)
+        _, largest = largest_tensor(naive_attention, q, k, v, is_causal=causal, key_padding_mask=kpm)
         assert largest >= B * H * L * S  # the spy does see a full score matrix when one is made
 
 
@@ -122,7 +122,7 @@ def test_naive_attention_matches_reference():
     q, k, v, kpm = make_inputs(2, 2, 17, 23, 8, 5, padding=True)
     for causal in (False, True):
         ref, _ = reference(q, k, v, kpm, causal)
-        assert_close(naive_attention(q, k, v, causal=causal, key_padding_mask=kpm), ref)
+        assert_close(naive_attention(q, k, v, is_causal=causal, key_padding_mask=kpm), ref)
 
 
 def test_dispatcher_picks_torch_on_cpu_and_matches():
@@ -130,9 +130,9 @@ def test_dispatcher_picks_torch_on_cpu_and_matches():
     assert choose_backend(q) == "torch"
     assert choose_backend(q, "triton") == "triton"
     ref, _ = reference(q, k, v, kpm, True)
-    out = flash_attention(q, k, v, causal=True, key_padding_mask=kpm)
+    out = flash_attention(q, k, v, is_causal=True, key_padding_mask=kpm)
     assert_close(out, ref)
-    out2 = attn_lib.flash_attention(q, k, v, causal=True, key_padding_mask=kpm, backend="torch")
+    out2 = attn_lib.flash_attention(q, k, v, is_causal=True, key_padding_mask=kpm, backend="torch")
     assert torch.equal(out, out2)
 
 

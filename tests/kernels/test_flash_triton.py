@@ -16,7 +16,7 @@ import torch
 import attn_lib
 from attn_lib import device as attn_device
 from attn_lib.flash import OVERFLOW_MESSAGE, flash_attention, flash_attention_triton, kernel_flags, load_kernel
-from attn_lib.flash_torch import naive_attention
+from attn_lib.naive import naive_attention
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol
 
 from attn_paths import flash_inputs as make_inputs, flash_reference as reference
@@ -34,11 +34,11 @@ def run_and_check(shape, dtype, causal, padding, *, block_m=None, block_n=None, 
     ref, lse_ref = reference(q, k, v, kpm, causal)
     ql, kl, vl = (t.to(dtype).to(DEVICE) for t in (q, k, v))
     kpm_dev = None if kpm is None else kpm.to(DEVICE)
-    out, lse = flash_attention_triton(ql, kl, vl, causal=causal, key_padding_mask=kpm_dev,
+    out, lse = flash_attention_triton(ql, kl, vl, is_causal=causal, key_padding_mask=kpm_dev,
                                       block_m=block_m, block_n=block_n)
     assert out.shape == (B, H, L, Dv) and out.dtype == dtype and lse.shape == (B, H, L)
     out, lse = out.cpu(), lse.cpu()
-    naive = naive_attention(ql, kl, vl, causal=causal, key_padding_mask=kpm_dev).cpu()
+    naive = naive_attention(ql, kl, vl, is_causal=causal, key_padding_mask=kpm_dev).cpu()
     assert_flash_rule(out, naive, ref, what=f"triton {dtype}")
     if dtype == torch.float32:
         assert_close(out, ref, what="triton float32")
@@ -99,7 +99,7 @@ def test_rows_that_see_no_key_give_zeros():
     kpm[1] = False
     kpm[0, 0] = False
     out, lse = flash_attention_triton(q.float().to(DEVICE), k.float().to(DEVICE), v.float().to(DEVICE),
-                                      causal=True, key_padding_mask=kpm.to(DEVICE))
+                                      is_causal=True, key_padding_mask=kpm.to(DEVICE))
     out, lse = out.cpu(), lse.cpu()
     assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
     assert torch.all(out[0, :, 0] == 0) and torch.isfinite(out).all()
@@ -110,7 +110,7 @@ def test_empty_keys_and_empty_queries():
     none = torch.randn(1, 2, 0, 16, device=DEVICE)
     out, lse = flash_attention_triton(q, none, none)
     assert torch.all(out.cpu() == 0) and torch.all(torch.isneginf(lse.cpu()))
-    out, lse = flash_attention_triton(none, q, q, causal=True)
+    out, lse = flash_attention_triton(none, q, q, is_causal=True)
     assert out.shape == (1, 2, 0, 16) and lse.shape == (1, 2, 0)
 
 
@@ -118,7 +118,7 @@ def test_dispatcher_runs_the_kernel_in_the_process_mode():
     q, k, v, kpm = make_inputs(1, 2, 17, 33, 16, padding=True)
     ref, _ = reference(q, k, v, kpm, True)
     ql, kl, vl = (t.float().to(DEVICE) for t in (q, k, v))
-    out = flash_attention(ql, kl, vl, causal=True, key_padding_mask=kpm.to(DEVICE), backend="triton")
+    out = flash_attention(ql, kl, vl, is_causal=True, key_padding_mask=kpm.to(DEVICE), backend="triton")
     assert_close(out.cpu(), ref)
     module = load_kernel()
     assert module is load_kernel()  # imported once
@@ -149,7 +149,7 @@ def _run_clean(code: str, **env_extra) -> subprocess.CompletedProcess:
 
 _RUN_KERNEL = (
     "q = torch.randn(1, 2, 20, 16); k = torch.randn(1, 2, 30, 16)\n"
-    "out = attn_lib.flash_attention(q, k, k, causal=True, backend='triton')\n"
+    "out = attn_lib.flash_attention(q, k, k, is_causal=True, backend='triton')\n"
     "ref, _ = attn_lib.attention(q, k, k, is_causal=True)\n"
     "print(bool((out - ref).abs().max() <= attn_lib.tolerances.FLOAT32_ATOL))\n"
 )
@@ -351,9 +351,9 @@ def test_int64_offsets_give_the_same_output(monkeypatch):
     module = load_kernel()
     q, k, v, kpm = make_inputs(2, 2, 33, 40, 16, padding=True)
     args = [t.float().to(DEVICE) for t in (q, k, v)]
-    out32, lse32 = flash_attention_triton(*args, causal=True, key_padding_mask=kpm.to(DEVICE))
+    out32, lse32 = flash_attention_triton(*args, is_causal=True, key_padding_mask=kpm.to(DEVICE))
     monkeypatch.setattr(module, "needs_int64", lambda spans, max_block=256: True)
-    out64, lse64 = flash_attention_triton(*args, causal=True, key_padding_mask=kpm.to(DEVICE))
+    out64, lse64 = flash_attention_triton(*args, is_causal=True, key_padding_mask=kpm.to(DEVICE))
     assert torch.equal(out32, out64) and torch.equal(lse32, lse64)
 
 
@@ -429,7 +429,7 @@ def test_dot_fp32_matches_the_low_precision_dot_on_bf16():
     out, _ = module.launch(ql, kl, vl, kpm.to(DEVICE), True, 32**-0.5, interpret=attn_device.triton_interprets(),
                            dot_fp32=True)
     ref, _ = reference(q, k, v, kpm, True)
-    naive = naive_attention(ql, kl, vl, causal=True, key_padding_mask=kpm.to(DEVICE))
+    naive = naive_attention(ql, kl, vl, is_causal=True, key_padding_mask=kpm.to(DEVICE))
     assert_flash_rule(out.cpu(), naive.cpu(), ref, what="bf16 with fp32 dots")
 
 
@@ -441,7 +441,7 @@ def test_fp16_dots_without_the_fp32_fallback_forward():
     out, _ = module.launch(ql, kl, vl, kpm.to(DEVICE), True, 40**-0.5, interpret=attn_device.triton_interprets(),
                            dot_fp32=False)
     ref, _ = reference(q, k, v, kpm, True)
-    naive = naive_attention(ql, kl, vl, causal=True, key_padding_mask=kpm.to(DEVICE))
+    naive = naive_attention(ql, kl, vl, is_causal=True, key_padding_mask=kpm.to(DEVICE))
     assert_flash_rule(out.cpu(), naive.cpu(), ref, what="fp16 dots")
 
 
@@ -450,7 +450,7 @@ def test_overflowing_scores_raise_the_agreed_error():
     q = torch.ones(1, 1, 3, 16, device=DEVICE) * 1e20
     k = torch.ones(1, 1, 4, 16, device=DEVICE) * 1e20  # q·k = 1.6e41 > 3.4e38
     v = torch.randn(1, 1, 4, 16, device=DEVICE)
-    pattern = (r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of torch.float32\); "
+    pattern = (r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float32\); "
                r"compute in float64 or use a smaller scale$")
     assert OVERFLOW_MESSAGE == "attention scores overflowed to +inf"
     with pytest.raises(ValueError, match=pattern):
@@ -461,7 +461,7 @@ def test_overflowing_scores_raise_the_agreed_error():
     q2 = torch.randn(1, 1, 3, 16, device=DEVICE)
     q2[0, 0, 1] = 1e20
     with pytest.raises(ValueError, match=pattern):
-        flash_attention_triton(q2, k, v, causal=True)
+        flash_attention_triton(q2, k, v, is_causal=True)
     # a row whose keys are all masked is not an overflow: zeros, lse = -inf
     kpm = torch.zeros(1, 4, dtype=torch.bool, device=DEVICE)
     out, lse = flash_attention_triton(q2, k, v, key_padding_mask=kpm)

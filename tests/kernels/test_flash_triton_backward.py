@@ -15,7 +15,7 @@ import torch
 
 import attn_lib
 from attn_lib.flash import flash_attention, flash_attention_triton, flash_attention_triton_backward, load_kernel
-from attn_lib.flash_torch import naive_attention
+from attn_lib.naive import naive_attention
 from attn_lib.tolerances import (FLASH_ERROR_FLOOR, FLASH_ERROR_RATIO, FLOAT32_ATOL, assert_close, assert_flash_rule,
                                  max_abs_error)
 
@@ -65,8 +65,8 @@ def run_backward(q, k, v, dout, kpm, causal, dtype, **blocks):
     """Forward and backward with the Triton kernels on DEVICE; results back on the CPU."""
     ql, kl, vl, dol = (t.to(DEVICE, dtype) for t in (q, k, v, dout))
     kpm_dev = None if kpm is None else kpm.to(DEVICE)
-    out, lse = flash_attention_triton(ql, kl, vl, causal=causal, key_padding_mask=kpm_dev, **blocks)
-    grads = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, causal=causal, key_padding_mask=kpm_dev,
+    out, lse = flash_attention_triton(ql, kl, vl, is_causal=causal, key_padding_mask=kpm_dev, **blocks)
+    grads = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, is_causal=causal, key_padding_mask=kpm_dev,
                                             **blocks)
     for g, t in zip(grads, (ql, kl, vl)):
         assert g.shape == t.shape and g.dtype == dtype and g.device == t.device
@@ -163,8 +163,8 @@ def test_strided_inputs_and_scale():
     ref = reference_grads(q, k, v, dout, None, True, scale=0.3)
     ql, kl, vl, dol = (t.float().to(DEVICE) for t in (q, k, v, dout))
     assert not ql.is_contiguous() and not dol.is_contiguous()
-    out, lse = flash_attention_triton(ql, kl, vl, causal=True, scale=0.3)
-    got = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, causal=True, scale=0.3)
+    out, lse = flash_attention_triton(ql, kl, vl, is_causal=True, scale=0.3)
+    got = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, is_causal=True, scale=0.3)
     for name, g, r in zip(("dq", "dk", "dv"), got, ref):
         assert_close(g.cpu(), r, what=name)
 
@@ -238,8 +238,8 @@ def test_backward_never_creates_an_l_by_s_tensor():
     q, k, v, kpm = make_inputs(B, H, L, S, D, padding=True)
     q, k, v, kpm = q.float().to(DEVICE), k.float().to(DEVICE), v.float().to(DEVICE), kpm.to(DEVICE)
     dout = torch.randn(B, H, L, D, device=DEVICE)
-    (out, lse), fwd_largest = largest_float_tensor(flash_attention_triton, q, k, v, causal=True, key_padding_mask=kpm)
-    _, bwd_largest = largest_float_tensor(flash_attention_triton_backward, q, k, v, out, lse, dout, causal=True,
+    (out, lse), fwd_largest = largest_float_tensor(flash_attention_triton, q, k, v, is_causal=True, key_padding_mask=kpm)
+    _, bwd_largest = largest_float_tensor(flash_attention_triton_backward, q, k, v, out, lse, dout, is_causal=True,
                                           key_padding_mask=kpm)
     linear = B * H * max(L, S) * D  # the largest of q, k, v, out and their gradients
     assert 0 < fwd_largest <= linear and 0 < bwd_largest <= linear, (fwd_largest, bwd_largest)
@@ -274,9 +274,9 @@ def test_triton_backward_matches_reference(shape, dtype, causal, padding):
     ql, kl, vl, dl = (t.to(dtype) for t in (q, k, v, dout))
     expected = reference_grads(ql, kl, vl, dl, kpm, causal)  # float64 on the same (rounded) inputs
     # Naive backward in the same precision: the flash-attn rule's yardstick.
-    _, naive = grads_of(lambda q, k, v: naive_attention(q, k, v, causal=causal, key_padding_mask=kpm), ql, kl, vl, dl)
+    _, naive = grads_of(lambda q, k, v: naive_attention(q, k, v, is_causal=causal, key_padding_mask=kpm), ql, kl, vl, dl)
     kpm_dev = None if kpm is None else kpm.to(DEVICE)
-    out, got = grads_of(lambda q, k, v: flash_attention(q, k, v, causal=causal, key_padding_mask=kpm_dev,
+    out, got = grads_of(lambda q, k, v: flash_attention(q, k, v, is_causal=causal, key_padding_mask=kpm_dev,
                                                         backend="triton"),
                         *(t.to(DEVICE) for t in (ql, kl, vl, dl)))
     assert type(out.grad_fn).__name__ == "FlashAttentionFunctionBackward"

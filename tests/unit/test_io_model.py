@@ -78,8 +78,8 @@ def test_tiled_model_equals_instrumented_counts(L, S, D, Dv, bm, bn, causal, pad
     q, k, v = (torch.randn(B, H, n, e, generator=gen) for n, e in ((L, D), (S, D), (S, Dv)))
     kpm = (torch.rand(B, S, generator=gen) > 0.2) if padding else None
     counter = IOCounter()
-    flash_attention_torch(q, k, v, causal=causal, key_padding_mask=kpm, block_m=bm, block_n=bn, counter=counter)
-    model = tiled_attention_io(L, S, D, bm, bn, causal=causal, dv=Dv, key_padding_mask=padding)
+    flash_attention_torch(q, k, v, is_causal=causal, key_padding_mask=kpm, block_m=bm, block_n=bn, counter=counter)
+    model = tiled_attention_io(L, S, D, bm, bn, is_causal=causal, dv=Dv, key_padding_mask=padding)
     assert counter.reads == {name: B * H * n for name, n in model["by_tensor_reads"].items()}
     assert counter.writes == {name: B * H * n for name, n in model["by_tensor_writes"].items()}
     assert counter.total == B * H * model["total"]
@@ -87,7 +87,7 @@ def test_tiled_model_equals_instrumented_counts(L, S, D, Dv, bm, bn, causal, pad
 
 def test_causal_reads_about_half_the_keys():
     full = tiled_attention_io(4096, 4096, 64, 128, 64)["by_tensor_reads"]["K"]
-    causal = tiled_attention_io(4096, 4096, 64, 128, 64, causal=True)["by_tensor_reads"]["K"]
+    causal = tiled_attention_io(4096, 4096, 64, 128, 64, is_causal=True)["by_tensor_reads"]["K"]
     assert 0.5 < causal / full < 0.52
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn_lib
-from attn_lib.online_softmax import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
+from attn_lib.online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
                                      online_weighted_sum, split_row)
 from attn_lib.tolerances import assert_close
 

@@ -24,8 +24,8 @@ from typing import Sequence
 
 import torch
 
-from ._validate import check_positive_int
-from .softmax import _check_float_tensor, check_scores_finite
+from ._numerics import work_dtype
+from ._validate import check_float_tensor, check_positive_int, check_score_row, check_scores_finite
 
 
 def split_row(n: int, splits: int | Sequence[int]) -> list[tuple[int, int]]:
@@ -69,7 +69,7 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor)
         ``(m_new, l_new)``, each of shape (...,).
     """
     for name, t in (("m", m), ("l", l), ("piece", piece)):
-        _check_float_tensor(name, t)
+        check_float_tensor(name, t)
     if m.shape != l.shape or piece.ndim == 0 or tuple(piece.shape[:-1]) != tuple(m.shape):
         raise ValueError(
             f"piece must have shape (..., P) with ... = m's shape; got piece {tuple(piece.shape)}, "
@@ -89,17 +89,10 @@ def _update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor):
 
 
 def _start(x: torch.Tensor):
-    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    work = x.to(work_dtype(x.dtype))  # float16 / bfloat16 -> float32
     m = torch.full(work.shape[:-1], float("-inf"), dtype=work.dtype, device=work.device)  # (...,)
     l = torch.zeros(work.shape[:-1], dtype=work.dtype, device=work.device)  # (...,)
     return work, m, l
-
-
-def _check_row(x) -> None:
-    _check_float_tensor("x", x)
-    if x.ndim == 0:
-        raise ValueError("x must have at least one axis (the row to normalise is the last one)")
-    check_scores_finite(x)
 
 
 def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
@@ -112,7 +105,7 @@ def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
     Returns:
         ``(m, l)``, each of shape (...,), in float32 for float16/bfloat16 input.
     """
-    _check_row(x)
+    check_score_row(x)
     work, m, l = _start(x)
     for a, b in split_row(x.shape[-1], splits):
         m, l = _update(m, l, work[..., a:b])  # (...,b-a) -> (...,)
@@ -130,7 +123,7 @@ def online_softmax(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor
         Proportions of ``x``'s shape and dtype (rows with no finite entry are all 0).
     """
     m, l = online_max_and_sum(x, splits)  # (...,), (...,)
-    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    work = x.to(work_dtype(x.dtype))  # float16 / bfloat16 -> float32
     p = torch.exp(work - _safe(m)[..., None])  # (...,S)
     return (p / torch.where(l > 0, l, torch.ones_like(l))[..., None]).to(x.dtype)  # (...,S)
 
@@ -163,8 +156,8 @@ def online_weighted_sum(x: torch.Tensor, v: torch.Tensor, splits: int | Sequence
     Returns:
         Shape (..., Dv): ``softmax(x) @ v`` (zeros for rows with no finite score).
     """
-    _check_row(x)
-    _check_float_tensor("v", v)
+    check_score_row(x)
+    check_float_tensor("v", v)
     if v.ndim < 2 or v.shape[-2] != x.shape[-1]:
         raise ValueError(f"v must have shape (..., S, Dv) with S = {x.shape[-1]} (x's last axis), got {tuple(v.shape)}")
     try:

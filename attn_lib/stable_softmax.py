@@ -18,40 +18,10 @@ Conventions of the stable version (the whole library follows them):
 """
 from __future__ import annotations
 
-import numbers
 import torch
 
-
-def _check_float_tensor(name: str, x) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}; for numpy use attn_lib.numpy_ref")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}; convert with {name}.float()")
-
-
-def check_scores_finite(x: torch.Tensor, name: str = "x") -> None:
-    """分数里允许 -inf（表示被盖住），不允许 nan 和 +inf；违反时报 ValueError。
-
-    Args:
-        x: float tensor of scores, any shape.
-        name: the argument's name for the message.
-    """
-    if x.numel() and (torch.isnan(x).any() or torch.isposinf(x).any()):
-        n_nan = int(torch.isnan(x).sum())
-        n_inf = int(torch.isposinf(x).sum())
-        raise ValueError(
-            f"{name} contains {n_nan} nan and {n_inf} +inf entries; softmax of such a row is undefined. "
-            "Only -inf is allowed (it means 'masked')."
-        )
-
-
-def _normalize_dim(x: torch.Tensor, dim: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"dim must be an int, got {dim!r}")
-    n = max(x.ndim, 1)  # a 0-D tensor takes dim 0 or -1, as in torch.softmax
-    if not -n <= dim < n:
-        raise ValueError(f"dim={dim} is out of range for a {x.ndim}-D tensor")
-    return dim % n
+from ._numerics import work_dtype
+from ._validate import check_dim, check_float_tensor, check_row_max
 
 
 def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -64,7 +34,7 @@ def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Returns:
         Tensor of ``x``'s shape.
     """
-    _check_float_tensor("x", x)
+    check_float_tensor("x", x, twin="softmax")
     e = torch.exp(x)  # (...) -> (...)
     return e / e.sum(dim, keepdim=True)  # (...) / (..., 1, ...) -> (...)
 
@@ -87,32 +57,19 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         Tensor of ``x``'s shape and dtype; along ``dim`` the entries are >= 0 and sum to 1,
         or are all 0 where every input was ``-inf``.
     """
-    _check_float_tensor("x", x)
-    dim = _normalize_dim(x, dim)
+    check_float_tensor("x", x, twin="softmax")
+    dim = check_dim(x, dim)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.clone()
-    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
+    work = work_dtype(x.dtype)  # float16 / bfloat16 -> float32
     out = torch.softmax(x, dim, dtype=work)  # (...,S,...); a bad or all -inf row is nan throughout
     if bool(torch.isnan(out.select(dim, 0)).any()):  # one entry per row: (...,S,...) -> (...,...)
         m = x.amax(dim, keepdim=True)  # (...,S,...) -> (...,1,...); nan / +inf propagate into m
         check_row_max(x, m)
         return softmax_with_max(x, m, dim)
     return out.to(x.dtype)
-
-
-def check_row_max(x: torch.Tensor, m: torch.Tensor) -> None:
-    """用每行的最大值 m 检查整行：m 是 nan 或 +inf，说明这一行里有 nan 或 +inf，报 ValueError。
-
-    One reduction (already computed) and one host sync, instead of a scan of ``x``.
-
-    Args:
-        x: the scores, for the message.
-        m: ``x.amax(dim, keepdim=True)``.
-    """
-    if m.numel() and not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
-        check_scores_finite(x)
 
 
 def softmax_with_max(x: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor:
@@ -126,7 +83,7 @@ def softmax_with_max(x: torch.Tensor, m: torch.Tensor, dim: int) -> torch.Tensor
     Returns:
         Proportions of ``x``'s shape and dtype (float16 / bfloat16 computed in float32).
     """
-    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None
+    work = work_dtype(x.dtype)  # float16 / bfloat16 -> float32
     dead = torch.isneginf(m)  # (...,1,...): rows that may see nothing
     if bool(dead.any()):
         x = x.masked_fill(dead, 0.0)  # a finite row, so that softmax (and its gradient) has no nan

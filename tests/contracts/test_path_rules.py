@@ -1,0 +1,198 @@
+"""One rule on every functional attention path (reference, numpy twin, tiled torch, Triton):
+second-order gradients refused by name, overflow raised (never hidden as zeros), a large
+scale with small scores not mistaken for overflow, one scale rule, 3-D masks refused with
+a remedy, ``check_finite`` reaching the core, checks run once at the door, and no package
+attribute shadowing a submodule.
+
+The Triton cases run under Triton's interpreter without a GPU (float32).
+"""
+import importlib
+import importlib.util
+import os
+import pkgutil
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import attn_lib
+from attn_lib import numpy_ref
+from attn_lib._numerics import OVERFLOW_MESSAGE
+from attn_lib.tolerances import assert_close
+
+DEVICE = torch.device(os.environ.get("ATTN_LIB_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+BACKENDS = ["torch", pytest.param("triton", marks=pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"))]
+
+
+def _qkv(L=5, S=6, D=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 2, n, D, generator=gen).to(DEVICE) for n in (L, S, S))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_second_order_gradients_are_refused_by_name(backend):
+    q, k, v = _qkv()
+    qg = q.clone().requires_grad_()
+    out = attn_lib.flash_attention(qg, k, v, backend=backend)
+    with pytest.raises(RuntimeError, match=r"second-order.*attn_lib\.attention"):
+        torch.autograd.grad(out.sum(), qg, create_graph=True)
+    # first-order gradients are untouched
+    out = attn_lib.flash_attention(qg, k, v, backend=backend)
+    (g,) = torch.autograd.grad(out.sum(), qg)
+    assert g.shape == q.shape and bool(torch.isfinite(g).all())
+
+
+def _overflow_inputs():
+    # q·k = -1e40 for every key: -inf in float32 although every key is visible.
+    q = torch.full((1, 1, 2, 1), 1e20, device=DEVICE)
+    k = torch.full((1, 1, 3, 1), -1e20, device=DEVICE)
+    v = torch.ones(1, 1, 3, 1, device=DEVICE)
+    return q, k, v
+
+
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scores_overflowing_to_minus_inf_raise_on_every_path(backend, padding):
+    q, k, v = _overflow_inputs()
+    kpm = torch.tensor([[True, True, False]], device=DEVICE) if padding else None
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        attn_lib.attention(q, k, v, scale=1.0, mask=None if kpm is None else kpm[:, None, None, :])
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        attn_lib.flash_attention(q, k, v, scale=1.0, key_padding_mask=kpm, backend=backend)
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        with torch.no_grad():
+            forward = attn_lib.flash_attention_torch if backend == "torch" else attn_lib.flash_attention_triton
+            forward(q, k, v, scale=1.0, key_padding_mask=kpm)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_that_see_no_key_still_give_zeros(backend):
+    q, k, v = _qkv(L=4, S=4)
+    kpm = torch.tensor([[False, False, True, True]], device=DEVICE)  # query 0, 1 see nothing under is_causal
+    out = attn_lib.flash_attention(q, k, v, is_causal=True, key_padding_mask=kpm, backend=backend)
+    assert bool((out[:, :, :2] == 0).all())
+    ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), is_causal=True, mask=kpm[:, None, None, :])
+    assert_close(out, ref, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_huge_scale_with_tiny_scores_is_not_an_overflow(backend):
+    # scale = 3e38 is a valid float32; with q·k ~ 1e-39 the scaled scores are O(1).
+    q, k, v = _qkv(L=3, S=4, D=16)
+    q = q * 1e-20
+    k = k * 1e-19
+    ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), scale=3e38)
+    out = attn_lib.flash_attention(q, k, v, scale=3e38, backend=backend)
+    assert_close(out, ref, dtype=torch.float32)
+    qg = q.clone().requires_grad_()
+    attn_lib.flash_attention(qg, k, v, scale=3e38, backend=backend).sum().backward()
+    assert bool(torch.isfinite(qg.grad).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_0d_tensor_scale_works_on_every_backend(backend):
+    q, k, v = _qkv()
+    as_float = attn_lib.flash_attention(q, k, v, scale=0.3, backend=backend)
+    as_tensor = attn_lib.flash_attention(q, k, v, scale=torch.tensor(0.3), backend=backend)
+    assert torch.equal(as_float, as_tensor)
+
+
+def test_a_3d_mask_is_refused_with_the_remedy():
+    q, k, v = (torch.randn(2, 3, 4, 8) for _ in range(3))
+    mask = torch.ones(3, 4, 4, dtype=torch.bool)  # (H, L, S) or (B, L, S)? ambiguous
+    pattern = r"mask must be 2-D \(L, S\) or 4-D.*got 3-D.*mask\.unsqueeze\(1\).*mask\[None\]"
+    with pytest.raises(ValueError, match=pattern):
+        attn_lib.attention(q, k, v, mask=mask)
+    with pytest.raises(ValueError, match=pattern):
+        numpy_ref.attention(q.numpy(), k.numpy(), v.numpy(), mask=mask.numpy())
+    # both remedies run
+    attn_lib.attention(q, k, v, mask=mask[None])  # (1, H, L, S)
+    attn_lib.attention(q, k, v, mask=torch.ones(2, 4, 4, dtype=torch.bool).unsqueeze(1))  # (B, 1, L, S)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_finite_false_reaches_the_core(backend, monkeypatch):
+    q, k, v = _qkv()
+    q[0, 0, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="q contains nan or inf"):
+        attn_lib.flash_attention(q, k, v, backend=backend)
+    checks = importlib.import_module("attn_lib._validate.tensors")
+    scans = []
+    monkeypatch.setattr(checks, "all_finite", lambda t: scans.append(t) or True)
+    out = attn_lib.flash_attention(q, k, v, backend=backend, check_finite=False)
+    assert scans == []  # no nan scan anywhere below the door
+    assert bool(torch.isnan(out[0, 0, 1]).all()) and bool(torch.isfinite(out[0, 1]).all())
+    ref, _ = attn_lib.attention(q, k, v, check_finite=False)
+    assert bool(torch.isnan(ref[0, 0, 1]).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checks_run_once_per_flash_attention_call(backend, monkeypatch):
+    q, k, v = _qkv()
+    checks = importlib.import_module("attn_lib._validate.tensors")
+    calls = {"scale": 0, "scan": 0}
+    real_scale, real_scan = checks.check_scale, checks.all_finite
+
+    def count_scale(s):
+        calls["scale"] += 1
+        return real_scale(s)
+
+    def count_scan(t):
+        calls["scan"] += 1
+        return real_scan(t)
+
+    monkeypatch.setattr(checks, "check_scale", count_scale)
+    monkeypatch.setattr(checks, "all_finite", count_scan)
+    qg = q.clone().requires_grad_()
+    attn_lib.flash_attention(qg, k, v, scale=0.25, backend=backend).sum().backward()
+    assert calls == {"scale": 1, "scan": 3}  # once at the door: scale once, q, k, v scanned once each
+
+
+def test_no_package_attribute_shadows_a_submodule():
+    for info in pkgutil.iter_modules(attn_lib.__path__):
+        if info.name.startswith("_") or info.name in {"flash_triton", "flash_triton_backward"}:
+            continue  # private modules and the Triton kernels (imported lazily, with Triton)
+        module = importlib.import_module(f"attn_lib.{info.name}")
+        attr = getattr(attn_lib, info.name, module)
+        assert attr is module, f"attn_lib.{info.name} is {type(attr).__name__}, not the submodule"
+    assert importlib.import_module("attn_lib.stable_softmax").softmax is attn_lib.softmax
+    assert importlib.import_module("attn_lib.online").online_softmax is attn_lib.online_softmax
+
+
+def test_numpy_twin_gives_the_torch_messages():
+    q = np.zeros((1, 1, 2, 4))
+    pairs = [
+        (dict(scale="big"), TypeError),
+        (dict(scale=-1.0), ValueError),
+        (dict(is_causal="yes"), TypeError),
+        (dict(mask=np.ones((2, 2), dtype=np.int64)), TypeError),
+    ]
+    for kwargs, exc in pairs:
+        t_kwargs = {key: torch.as_tensor(val) if key == "mask" else val for key, val in kwargs.items()}
+        with pytest.raises(exc) as from_torch:
+            attn_lib.attention(torch.as_tensor(q), torch.as_tensor(q), torch.as_tensor(q), **t_kwargs)
+        with pytest.raises(exc) as from_numpy:
+            numpy_ref.attention(q, q, q, **kwargs)
+        want = str(from_torch.value).replace("torch.int64", "int64").replace(".bool()", ".astype(bool)")
+        assert str(from_numpy.value) == want, kwargs
+    nan = q.copy()
+    nan[0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError) as from_numpy:
+        numpy_ref.attention(nan, q, q)
+    with pytest.raises(ValueError) as from_torch:
+        attn_lib.attention(torch.as_tensor(nan), torch.as_tensor(q), torch.as_tensor(q))
+    assert str(from_numpy.value) == str(from_torch.value)
+
+
+def test_the_triton_configuration_policy_is_pure_python():
+    # Tile sizes and shared-memory estimates can be read (and tested) without importing Triton.
+    import subprocess
+    import sys
+
+    code = ("import sys, attn_lib._triton_config as c, torch; "
+            "cfg = c.candidate_configs(64, 64, torch.float16, False)[0]; "
+            "print('triton' in sys.modules, cfg['BLOCK_M'] >= 16)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
