@@ -12,12 +12,9 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import BACKENDS
-from . import all_finite, check_bool, check_divisible, check_last_dim, check_mask_shape, check_rank
-
-try:  # the shared mask check, once lib-paths has moved it into this package
-    from . import check_mask
-except ImportError:  # until then it lives beside the reference (the lead drops this fallback at merge)
-    from ..reference import check_mask
+from . import (all_finite, check_bool, check_divisible, check_last_dim, check_mask, check_mask_shape, check_rank,
+               check_triton_device)
+from .flash import MAX_HEAD_DIM
 
 _NO_SCORES = ("sdpa", "torch", "triton")  # backends that never store the (L, S) scores
 
@@ -134,21 +131,25 @@ def check_layer_mask(mask, B: int, H: int, L: int, S: int, device, *, backend: s
             )
 
 
-def check_flash_inputs(backend: str, dtype: torch.dtype, device) -> None:
-    """分块后端的额外限制：Triton 核函数不收 float64，且张量要在它这个进程能跑的设备上。"""
+def check_flash_inputs(backend: str, x, D: int, Dv: int) -> None:
+    """Triton 后端的额外限制（与 flash_attention 同一措辞）：不收 float64，头维度不超过 256，张量在它能跑的设备上。
+
+    Args:
+        backend: the layer's backend (nothing to check unless "triton").
+        x: the layer's input (its dtype and device are those of q, k, v).
+        D, Dv: the head dims of q / k and of v.
+    """
     if backend != "triton":
         return
-    if dtype == torch.float64:
-        raise TypeError(f"backend='triton' takes float16, bfloat16 or float32, got {dtype}; "
-                        "for float64 use backend='torch'")
-    from ..device import TRITON_ENV, triton_interprets
+    if x.dtype == torch.float64:
+        raise TypeError("the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
+                        f"(got the layer's dtype {x.dtype})")
+    if max(D, Dv) > MAX_HEAD_DIM:
+        raise ValueError(f"the Triton kernel supports head dims up to {MAX_HEAD_DIM}, got D={D}, Dv={Dv}; "
+                         "use backend='torch'")
+    from ..device import triton_interprets
 
-    if not triton_interprets() and torch.device(device).type != "cuda":
-        raise ValueError(
-            f"backend='triton' got tensors on {device}, but Triton in this process compiles GPU kernels; "
-            f"expected CUDA tensors. Move the layer and its inputs to 'cuda', use backend='torch', or start "
-            f"Python with {TRITON_ENV}=1 to run the kernel under Triton's interpreter."
-        )
+    check_triton_device(x, triton_interprets())
 
 
 def check_matrices(w_q, w_k, w_v) -> None:
@@ -168,7 +169,7 @@ def check_self_attention_call(layer, x, mask, need_weights) -> None:
     check_sequence_input("x", x, layer.d_model, layer.w_q.weight.dtype, layer.check_finite)
     B, L, _ = x.shape
     check_layer_mask(mask, B, 1, L, L, x.device, backend=layer.backend, check_finite=layer.check_finite)
-    check_flash_inputs(layer.backend, x.dtype, x.device)
+    check_flash_inputs(layer.backend, x, layer.d_k, layer.d_v)
 
 
 def check_layer_call(layer, query, key, value, *, mask, need_weights, dtype, kv_cache=None):
@@ -201,7 +202,7 @@ def check_layer_call(layer, query, key, value, *, mask, need_weights, dtype, kv_
         S += check_kv_cache(kv_cache, layer, key is query and value is query, B, dtype, query.device)
     check_layer_mask(mask, B, layer.num_heads, L, S, query.device, backend=layer.backend,
                      check_finite=layer.check_finite)
-    check_flash_inputs(layer.backend, dtype, query.device)
+    check_flash_inputs(layer.backend, query, layer.head_dim, layer.head_dim)
     return key, value
 
 

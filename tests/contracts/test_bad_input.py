@@ -523,6 +523,11 @@ ROWS += [
      r"is_causal must be True or False, got 'no'"),
     ("MultiHeadAttention: one kv_cache for two layers", lambda: _cache_of_another_layer(), ValueError,
      r"kv_cache already serves another layer; one cache serves one attention layer.*its own KVCache.*cache.reset\(\)"),
+    ("MultiHeadAttention: float64 on triton", lambda: MultiHeadAttention(8, 2, backend="triton").double()(
+        torch.zeros(1, 3, 8, dtype=torch.float64)), TypeError,
+     r"the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' \(got the layer's dtype"),
+    ("SelfAttention: head dim 300 on triton", lambda: SelfAttention(4, 300, backend="triton")(torch.zeros(1, 3, 4)),
+     ValueError, r"the Triton kernel supports head dims up to 256, got D=300, Dv=300; use backend='torch'"),
     ("SelfAttention: the old backend name", lambda: SelfAttention(4, backend="flash"), ValueError,
      r"got 'flash'; the tiled FlashAttention path is now 'torch' \(or 'triton'\)"),
     ("padding_mask: bytes", lambda: attn_lib.padding_mask(b"\x03\x01"), TypeError, r"lengths must be a sequence of B ints"),
