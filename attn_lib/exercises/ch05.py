@@ -17,14 +17,14 @@ register(Exercise(
     id="05-1",
     question="SelfAttention(d_model=8, d_k=4, d_v=4)（不带偏置）一共有多少个参数？",
     answer=3 * 8 * 4,  # W_q、W_k、W_v 各是 (C=8) × 4，没有偏置
-    hint="三个矩阵 W_q、W_k、W_v，每个的形状都是 (C, 4),C = 8。",
+    hint="三个矩阵 W_q、W_k、W_v，每个的形状都是 (C, 4)，C = 8。",
     wrong_example=8 * 4,
 ))
 
 register(Exercise(
     id="05-2",
     question=(
-        "三个字的输入 x = [[1, 0], [0, 1], [1, 1]],W_q = W_k = W_v = 单位矩阵（也就是 attention(x, x, x)）。"
+        "三个字的输入 x = [[1, 0], [0, 1], [1, 1]]，W_q = W_k = W_v = 单位矩阵（也就是 attention(x, x, x)）。"
         "第 3 个字分给三个字的注意力分数是多少？写成长度为 3 的列表，保留 4 位小数。"
     ),
     answer=_scores_05_2(),
