@@ -12,8 +12,8 @@ What it does, in Chinese prose only:
 - in a line with Chinese, a half-width , : ; between a digit, a Latin word, code or math and
   the next one with no space (``709.78,float32``, ``< 1e-12:True``, ``（Adam,float64）``),
   or at the end of the line (``加起来等于 1:``), becomes ``，：；``; left alone: digit groups
-  and ratios (``262,144``, ``16:9``), tuples written without spaces (``(B,H,L,D)``), and
-  ``arXiv:2205.14135``;
+  and ratios (``262,144``, ``16:9``), tuples written without spaces (``(B,H,L,D)``),
+  ``arXiv:2205.14135`` and ``localhost:8000``;
 - one spacing rule: a half-width space between a Chinese character and an adjacent
   Latin letter or digit (``长度 L 为 4096 时``), no space next to full-width punctuation.
 
@@ -123,6 +123,8 @@ def _fix_latin_punct_line(line: str) -> str:
             continue  # 262,144 or 16:9: a number, not a sentence separator
         if m.group(1) == ":" and re.search(r"\b(?:arXiv|doi|https?)$", line[:i], re.IGNORECASE):
             continue  # arXiv:2205.14135: an identifier
+        if m.group(1) == ":" and rest[:1].isdigit() and re.search(r"(?:localhost|\d+\.\d+\.\d+\.\d+)$", line[:i]):
+            continue  # localhost:8000, 127.0.0.1:8000: a host and its port
         chars[i] = HALF_TO_FULL[m.group(1)]
     return "".join(chars)
 

@@ -55,6 +55,8 @@ def _latin_violations(line: str) -> list[str]:
             continue
         if line[i] == ":" and re.search(r"(?i)\b(?:arXiv|doi|https?)$", line[:i]):
             continue
+        if line[i] == ":" and line[i + 1:i + 2].isdigit() and re.search(r"(?:localhost|\d+\.\d+\.\d+\.\d+)$", line[:i]):
+            continue
         out.append(line[max(0, i - 12):i + 13])
     return out
 
@@ -189,7 +191,7 @@ def test_latin_case_printed_lines(printed):
 
 @pytest.mark.parametrize("notation", [
     "点积一共 262,144 次", "屏幕按 16:9 排", "q 的形状是 (B,H,L,D)，k (1,1,3,4)",
-    "见 arXiv:2205.14135 的第 3 节", "英文句子 A, B; C: D 里有空格",
+    "见 arXiv:2205.14135 的第 3 节", "英文句子 A, B; C: D 里有空格", "然后打开 127.0.0.1:8000 或 localhost:8000 看",
 ])
 def test_latin_case_leaves_notation(notation):
     assert not _violations(notation), notation
