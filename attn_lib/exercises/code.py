@@ -77,10 +77,9 @@ MESSAGES = {
 def register_code(ex: CodeExercise) -> CodeExercise:
     """登记一道写代码的练习；编号重复时报错。"""
     if ex.id in CODE_REGISTRY:
-        raise ValueError(f"ex.id must be unique, got {ex.id!r} twice; give each code exercise its own id")
+        raise ValueError(f"code exercise {ex.id} registered twice")
     if not ex.wrong_solutions:
-        raise ValueError(f"wrong_solutions must hold at least one (function, diagnosis) pair, got none for {ex.id}; "
-                         "add a plausible wrong solution")
+        raise ValueError(f"code exercise {ex.id} needs at least one wrong solution")
     CODE_REGISTRY[ex.id] = ex
     return ex
 
@@ -149,6 +148,5 @@ def all_code_exercises() -> dict[str, CodeExercise]:
 
     clash = sorted(set(CODE_REGISTRY) & set(all_exercises()))
     if clash:
-        raise ValueError(f"exercise ids must be unique across value and code exercises, got {clash} in both; "
-                         "renumber one of them")
+        raise ValueError(f"exercise ids used twice (value and code exercise): {clash}")
     return dict(sorted(CODE_REGISTRY.items()))
