@@ -9,6 +9,11 @@ Run it from the repository root; it is idempotent (a second run changes nothing)
 What it does, in Chinese prose only:
 - a half-width , : ; ? ! ( ) next to a Chinese character becomes ``，：；？！（）``
   (parentheses are converted in pairs, so a pair is never left half open);
+- in a line with Chinese, a half-width , : ; between a digit, a Latin word, code or math and
+  the next one with no space (``709.78,float32``, ``< 1e-12:True``, ``（Adam,float64）``),
+  or at the end of the line (``加起来等于 1:``), becomes ``，：；``; left alone: digit groups
+  and ratios (``262,144``, ``16:9``), tuples written without spaces (``(B,H,L,D)``),
+  ``arXiv:2205.14135`` and ``localhost:8000``;
 - one spacing rule: a half-width space between a Chinese character and an adjacent
   Latin letter or digit (``长度 L 为 4096 时``), no space next to full-width punctuation.
 
@@ -96,6 +101,39 @@ def _unmask(text: str, spans: list[str]) -> str:
 
 # --------------------------------------------------------------------------- the text rules
 
+# A half-width , ; : after a digit, a Latin letter, code/math (a placeholder) or a bracket, and
+# before the next such token with no space, or before the end of the line.
+_LATIN_PUNCT = re.compile(
+    r"(?<=[A-Za-z0-9\ue000-\uf8ff)\]%*])([,;:])(?=([A-Za-z0-9\ue000-\uf8ff(\[<（])|[ \t]*$)")
+# Tuples and lists written without spaces, e.g. (B,H,L,D), (1,1,3,4), [0,1]: notation, kept.
+_NOTATION_GROUP = re.compile(r"\([^()\s\u3400-\u9fff]*\)|\[[^\[\]\s\u3400-\u9fff]*\]")
+
+
+def _fix_latin_punct_line(line: str) -> str:
+    if not has_han(line):
+        return line
+    kept = [(m.start(), m.end()) for m in _NOTATION_GROUP.finditer(line)]
+    chars = list(line)
+    for m in _LATIN_PUNCT.finditer(line):
+        i = m.start()
+        if any(a < i < b for a, b in kept):
+            continue
+        prev, rest = line[i - 1], line[i + 1:]
+        if prev.isdigit() and rest[:1].isdigit():
+            continue  # 262,144 or 16:9: a number, not a sentence separator
+        if m.group(1) == ":" and re.search(r"\b(?:arXiv|doi|https?)$", line[:i], re.IGNORECASE):
+            continue  # arXiv:2205.14135: an identifier
+        if m.group(1) == ":" and rest[:1].isdigit() and re.search(r"(?:localhost|\d+\.\d+\.\d+\.\d+)$", line[:i]):
+            continue  # localhost:8000, 127.0.0.1:8000: a host and its port
+        chars[i] = HALF_TO_FULL[m.group(1)]
+    return "".join(chars)
+
+
+def fix_latin_punct(text: str) -> str:
+    """中文行里夹在数字、拉丁词、代码或公式之间（或在行尾）的半角逗号、分号、冒号改成全角。"""
+    return "\n".join(_fix_latin_punct_line(line) for line in text.split("\n"))
+
+
 _LIST_MARKER = re.compile(r"^\s*(?:[-*+]|\d+[.)]|#{1,6}|>+)?\s*$")
 
 
@@ -143,6 +181,7 @@ def fix_text(text: str, markdown: bool = False) -> str:
     text = re.sub(rf"(?<=[{CJK}])([ \t]*)([,:;?!])", punct, text)
     text = re.sub(rf"(?<![\d\s])()([,:;?!])[ \t]*(?=[{CJK}])", punct, text)
     text = re.sub(rf"(?<=\d)()([,:;?!])[ \t]*(?=[{CJK}])", punct, text)
+    text = fix_latin_punct(text)
     if markdown:  # after code, math or a bracket, before the end of the line or more markup
         text = re.sub(r"(?<=[\ue000-\uf8ff)）*])()([,:;?!])(?=\n|$|[\ue000-\uf8ff*])", punct, text)
         text = re.sub(r"(?<=[\ue000-\uf8ff)])()([,:;])(?=[A-Za-z])", punct, text)

@@ -39,3 +39,42 @@ register(Exercise(
     atol=1e-3,
     wrong_example=0.61,
 ))
+
+
+# ---------------------------------------------------------------- 03-4: write the code yourself
+# The key is torch.softmax; the mistakes are what a first attempt often computes.
+
+import torch  # noqa: E402  (code exercises: the answer key is torch itself)
+
+from .code import CodeExercise, Mistake, Probe, register_code  # noqa: E402
+
+
+def _naive_softmax(x):
+    e = torch.exp(x)  # overflows to inf for x > ~709.78 (float64)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def _softmax_first_axis(x):
+    e = torch.exp(x - x.max(dim=0, keepdim=True).values)
+    return e / e.sum(dim=0, keepdim=True)
+
+
+register_code(CodeExercise(
+    id="03-4",
+    name="stable_softmax",
+    reference=lambda x: torch.softmax(x, dim=-1),
+    probes=(
+        Probe("随机输入（形状 (2, 3, 4, 5)）", lambda g: (3 * torch.randn(2, 3, 4, 5, generator=g, dtype=torch.float64),)),
+        Probe("元素大到约 ±1000 的输入", lambda g: (1000 * torch.randn(3, 6, generator=g, dtype=torch.float64),)),
+        Probe("每行盖住一部分（-inf）的输入", lambda g: (torch.randn(4, 6, generator=g, dtype=torch.float64)
+                                             .masked_fill(torch.ones(4, 6, dtype=torch.bool).triu(1), float("-inf")),)),
+    ),
+    mistakes=(
+        Mistake("axis", lambda x: torch.softmax(x, dim=0), "Softmax 做在了第一个轴上：应沿最后一个轴（dim=-1），让每行加起来等于 1。"),
+        Mistake("axis", lambda x: torch.softmax(x, dim=-2), "Softmax 做在了倒数第二个轴上：应沿最后一个轴（dim=-1），让每行加起来等于 1。"),
+        Mistake("sum", lambda x: torch.exp(x - x.max(dim=-1, keepdim=True).values),
+                "每行没有除以这一行指数的和：比例要加起来等于 1。"),
+    ),
+    wrong_solutions=((_naive_softmax, "nan"), (_softmax_first_axis, "axis")),
+    extra={"nan_hint": "先把每行减去这一行的最大值，再取指数（float64 里 e 的 1000 次方已经是 inf）。"},
+))

@@ -47,7 +47,7 @@ register(Exercise(
     id="04-3",
     question="把「它」的查询换成 [0, 1, 0, 1]，完整走一遍缩放点积注意力，「它」的新表示是什么？（长度为 4 的列表，精确到 0.001）",
     answer=_output_for_query([0.0, 1.0, 0.0, 1.0]),  # ≈ [1.000, 1.422, 1.943, 0.888]
-    hint="点积是 3、3、1，除以 2,softmax，再按比例混合三个值向量；或者调用 attn_lib.attention。",
+    hint="点积是 3、3、1，除以 2，softmax，再按比例混合三个值向量；或者调用 attn_lib.attention。",
     atol=1e-3,
     wrong_example=list(we.SOURCE_PRINTED["output"]),
 ))

@@ -1,5 +1,10 @@
 """Chinese typography: no half-width , : ; ? ! ( ) next to a Chinese character in prose.
 
+Nor, in a line with Chinese, a half-width , ; : between a digit, a Latin word, code or math
+and the next one with no space (「709.78,float32」, 「< 1e-12:True」) or at the end of the line
+(「加起来等于 1:」); digit groups and ratios (262,144, 16:9), tuples written without spaces
+((B,H,L,D)) and arXiv:NNNN identifiers are notation and stay.
+
 Checked: every Markdown file of the book and every markdown cell (outside code spans, code
 blocks, math, URLs and MyST syntax); the Chinese string literals of notebook code cells and of
 attn_lib/ and scripts/ (f-string fields and escapes excluded); and the Chinese lines that the
@@ -24,10 +29,33 @@ _spec.loader.exec_module(fp)
 HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 # A half-width mark with a Chinese character right before or right after it.
 BAD = re.compile(rf"[{HAN}][,:;?!()]|[,:;?!()][{HAN}]")
+# In a Chinese line: a half-width , ; : glued between two Latin/digit/code tokens, or ending the line.
+# (\ue000-\uf8ff are the placeholders that stand for code spans and math.)
+LATIN_BAD = re.compile(r"(?<=[A-Za-z0-9)\]%*\ue000-\uf8ff])[,;:](?=[A-Za-z0-9(\[<（\ue000-\uf8ff]|[ \t]*$)")
+NOTATION = re.compile(rf"\([^()\s{HAN}]*\)|\[[^\[\]\s{HAN}]*\]")
 
 MARKDOWN_FILES = [p for p in [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
                               *sorted((ROOT / "chapters").glob("*.md"))] if p.exists()]
 PY_FILES = sorted((ROOT / "attn_lib").rglob("*.py")) + sorted((ROOT / "scripts").glob("*.py"))
+
+
+def _latin_violations(line: str) -> list[str]:
+    if not re.search(f"[{HAN}]", line):
+        return []
+    kept = [m.span() for m in NOTATION.finditer(line)]
+    out = []
+    for m in LATIN_BAD.finditer(line):
+        i = m.start()
+        if any(a < i < b for a, b in kept):
+            continue
+        if line[i - 1].isdigit() and line[i + 1:i + 2].isdigit():
+            continue
+        if line[i] == ":" and re.search(r"(?i)\b(?:arXiv|doi|https?)$", line[:i]):
+            continue
+        if line[i] == ":" and line[i + 1:i + 2].isdigit() and re.search(r"(?:localhost|\d+\.\d+\.\d+\.\d+)$", line[:i]):
+            continue
+        out.append(line[max(0, i - 12):i + 13])
+    return out
 
 
 def _violations(text: str) -> list[str]:
@@ -35,6 +63,8 @@ def _violations(text: str) -> list[str]:
     for m in BAD.finditer(text):
         a, b = max(0, m.start() - 12), m.end() + 12
         out.append(text[a:b].replace("\n", " "))
+    for line in text.split("\n"):
+        out += _latin_violations(line)
     return out
 
 
@@ -126,6 +156,51 @@ def test_python_chinese_strings(path):
 def test_fix_markdown_examples(before, after):
     assert fp.fix_markdown(before) == after
     assert fp.fix_markdown(after) == after  # idempotent
+
+
+@pytest.mark.parametrize("bad, good", [
+    ("exp 的输入超过约 709.78,float32 里超过约 88.72", "exp 的输入超过约 709.78，float32 里超过约 88.72"),
+    ("比例都不小于 0,加起来等于 1:", "比例都不小于 0，加起来等于 1："),
+    ("用 `flash_attention_torch`:2 条序列", "用 `flash_attention_torch`：2 条序列"),
+    ("训练 60 步（Adam,float64）", "训练 60 步（Adam，float64）"),
+    ("算出 $p$;再比较", "算出 $p$；再比较"),
+])
+def test_latin_case_markdown(bad, good):
+    """Digit / Latin / code / math on both sides of a half-width mark: the fixer fixes it, the test sees it."""
+    assert _violations(fp.prose_of_markdown(bad)), bad
+    assert fp.fix_markdown(bad) == good
+    assert not _violations(fp.prose_of_markdown(good)), good
+    assert fp.fix_markdown(good) == good
+
+
+@pytest.mark.parametrize("printed", [
+    "与参考实现的最大差 < 1e-12:True",
+    "测量环境：AMD EPYC,torch 用 2 个线程",
+    "位置 0 的编码 [0.0, 1.0] (sin 0 = 0,cos 0 = 1)",
+    "逐个 if:65536 次判断",
+])
+def test_latin_case_printed_lines(printed):
+    """The check on printed outputs (and on Chinese string literals) catches the same case."""
+    assert _violations(printed), printed
+    fixed = fp.fix_python(repr(printed))
+    assert not _violations(eval(fixed)), fixed
+
+
+@pytest.mark.parametrize("notation", [
+    "点积一共 262,144 次", "屏幕按 16:9 排", "q 的形状是 (B,H,L,D)，k (1,1,3,4)",
+    "见 arXiv:2205.14135 的第 3 节", "英文句子 A, B; C: D 里有空格", "然后打开 127.0.0.1:8000 或 localhost:8000 看",
+])
+def test_latin_case_leaves_notation(notation):
+    assert not _violations(notation), notation
+    assert fp.fix_markdown(notation) == notation
+
+
+def test_latin_case_in_code_strings():
+    src = 'print("最大差 < 1e-12:", ok)\nprint(f"块 {i}:{n} 个")\n'
+    assert [v for lit in fp.chinese_python_literals(src) for v in _violations(lit)]
+    fixed = fp.fix_python(src)
+    assert fixed == 'print("最大差 < 1e-12：", ok)\nprint(f"块 {i}：{n} 个")\n'
+    assert not [v for lit in fp.chinese_python_literals(fixed) for v in _violations(lit)]
 
 
 def test_fix_python_touches_only_chinese_literals():
