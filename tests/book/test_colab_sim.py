@@ -12,6 +12,15 @@ folder, as Colab opens a single notebook. Every checked cell (all but the set-up
 cells tagged ``nbval-ignore-output``) must print what the committed notebook shows, after
 the same sanitising nbval applies (tests/sanitize.cfg), and nothing may go to stderr.
 
+ModelScope (魔搭) is simulated after that, in the same environment with attn_lib uninstalled
+again: a reader clones the repository into the instance and opens a chapter, so the set-up
+cell runs with the kernel's working folder inside the clone (``chapters/``), no
+``ATTN_LIB_SOURCE`` and no GitHub. pip is given no configuration at all (``PIP_CONFIG_FILE``
+is the null device) except ``PIP_INDEX_URL``, a local index made here that holds only the
+build back-end (setuptools): so the install can only succeed from the clone, through that
+index, keeping the instance's torch (which the index does not have). Chapters 04 (figures, the
+slider) and 08 (package data) then run from the clone and must print what is committed.
+
 Speed: one environment for all chapters, which run one after another in this process's main
 thread (several NotebookClients in threads can lose kernel messages and hang). A few minutes on
 2 CPU cores, most of it installing torch.
@@ -130,17 +139,34 @@ def test_packaged_benchmark_table_matches_the_measured_one(shipped_name, measure
                                  f"cp bench/results/{measured_name} attn_lib/data/{shipped_name}")
 
 
-# Every chapter runs in seconds. Now and then a cell that displays an ipywidgets control
-# (chapter 04's slider, tagged nbval-ignore-output) stalls under a headless nbclient kernel
-# until the timeout and then goes on; a short timeout keeps such a stall from costing minutes.
+# Every chapter runs in seconds. Chapter 04's slider used to stall now and then until this
+# timeout and then go on: ``widgets.interact`` draws into an Output widget, which nbclient
+# emulates by sending comm messages to the kernel on the shell socket while the cell runs; such
+# a send can swallow the edge-triggered ZMQ wake-up for the execute reply that nbclient is
+# awaiting on that same socket, so the reply, long arrived, was read only when the poll's
+# timeout fired (kernel and client both idle; the cell took exactly the timeout, no error).
+# The slider now updates an Image widget (no Output widget, nothing sent mid-cell), and
+# test_no_chapter_uses_an_output_widget keeps it so.
 CELL_TIMEOUT_S = 120
+OUTPUT_WIDGET_CALLS = re.compile(r"\b(?:interact|interactive|interact_manual|interactive_output|Output)\s*\(")
 
 
-def _execute(chapter: Path, colab_env) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
+def test_no_chapter_uses_an_output_widget():
+    """See CELL_TIMEOUT_S: an Output widget (interact & co.) makes nbclient stall at random."""
+    offenders = []
+    for chapter in CHAPTERS:
+        for i, cell in enumerate(nbformat.read(chapter, as_version=4).cells):
+            if cell.cell_type == "code" and OUTPUT_WIDGET_CALLS.search(cell.source):
+                offenders.append(f"{chapter.name} cell {i}: {OUTPUT_WIDGET_CALLS.search(cell.source).group(0)}")
+    assert not offenders, "draw into an Image widget instead (chapter 04's slider):\n" + "\n".join(offenders)
+
+
+def _execute(chapter: Path, colab_env, workdir: Path | None = None) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
     committed = nbformat.read(chapter, as_version=4)
     nb = nbformat.read(chapter, as_version=4)
-    workdir = colab_env["tmp"] / "run" / chapter.stem  # an empty folder: no repository around it
-    workdir.mkdir(parents=True)
+    if workdir is None:
+        workdir = colab_env["tmp"] / "run" / chapter.stem  # an empty folder: no repository around it
+        workdir.mkdir(parents=True)
     client = NotebookClient(nb, kernel_name="colab-sim", timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(workdir)}})
     client.execute()  # raises CellExecutionError on any error
@@ -173,11 +199,10 @@ def executed(colab_env):
     return results
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.name for p in CHAPTERS])
-def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
-    result = executed[chapter.name]
+def _compare(chapter: Path, result, where: str) -> None:
+    """The executed chapter printed what the committed one shows (checked cells), nothing on stderr."""
     if isinstance(result, Exception):
-        pytest.fail(f"{chapter.name} failed in the Colab-like environment: {str(result)[-3000:]}")
+        pytest.fail(f"{chapter.name} failed in the {where} environment: {str(result)[-3000:]}")
     committed, nb = result
     compared, mismatched = 0, []
     code_cells = [(c, r) for c, r in zip(committed.cells, nb.cells) if c.cell_type == "code"]
@@ -185,15 +210,20 @@ def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
         stderr = [o.get("text", "") for o in got.get("outputs", []) if o.get("name") == "stderr"]
         if i == 0:
             continue  # the set-up cell installs here (pip may talk)
-        assert not stderr, f"{chapter.name} code cell {i} wrote to stderr in the fresh environment: {stderr}"
+        assert not stderr, f"{chapter.name} code cell {i} wrote to stderr in the {where} environment: {stderr}"
         if IGNORE_TAGS & set(want.metadata.get("tags", [])):
             continue  # ignored cells vary by design
         if _checked_text(want):
             compared += 1
             if _checked_text(got) != _checked_text(want):
-                mismatched.append(f"code cell {i}:\n  committed: {_checked_text(want)!r}\n  fresh env: {_checked_text(got)!r}")
+                mismatched.append(f"code cell {i}:\n  committed: {_checked_text(want)!r}\n  {where}: {_checked_text(got)!r}")
     assert compared >= 1, f"{chapter.name}: no cell prints anything to compare"
-    assert not mismatched, f"{chapter.name}: the fresh environment printed different output:\n" + "\n".join(mismatched)
+    assert not mismatched, f"{chapter.name}: the {where} environment printed different output:\n" + "\n".join(mismatched)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.name for p in CHAPTERS])
+def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
+    _compare(chapter, executed[chapter.name], "Colab-like")
 
 
 def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
@@ -211,3 +241,84 @@ def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
             os.environ["JUPYTER_PATH"] = old
     where = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout").split()
     assert where[0] == str(colab_env["venv"]) and str(colab_env["venv"]) in where[1], where
+
+
+# --- ModelScope (魔搭): the reader clones the repository into the instance and opens a chapter ---
+MODELSCOPE_CHAPTERS = ["04_scaling.ipynb", "08_flash_attention.ipynb"]
+_PIP_VARS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_CONFIG_FILE",
+             "PIP_CONSTRAINT", "PIP_LOG", "ATTN_LIB_SOURCE", "JUPYTER_PATH", "MPLBACKEND", "PYTHONPATH")
+
+
+def _local_index(tmp: Path) -> Path:
+    """A PEP 503 index holding only setuptools (the clone's build back-end), fetched with this machine's pip set-up."""
+    wheels = tmp / "wheels"
+    _run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--no-deps",
+          "--dest", str(wheels), "setuptools>=61"])
+    root = tmp / "index" / "simple"
+    (root / "setuptools").mkdir(parents=True)
+    links = "".join(f'<a href="{w.resolve().as_uri()}">{w.name}</a>\n' for w in sorted(wheels.glob("setuptools-*.whl")))
+    assert links, "no setuptools wheel downloaded"
+    (root / "setuptools" / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    (root / "index.html").write_text('<!DOCTYPE html><html><body><a href="setuptools/">setuptools</a></body></html>\n')
+    return root
+
+
+def _torch_record(python) -> str:
+    code = "import importlib.metadata as m; d = m.distribution('torch'); print(d.version, d.locate_file(''))"
+    return _run([str(python), "-c", code]).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def modelscope_run(executed, colab_env):
+    """attn_lib uninstalled again; chapters run from a clone with only PIP_INDEX_URL (a local index) for pip."""
+    python, tmp = colab_env["python"], colab_env["tmp"]
+    _run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", "attn-lib"])
+    probe = _run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attn_lib') is None)"], cwd=tmp)
+    assert probe.stdout.strip() == "True", "attn_lib must be gone before the ModelScope run"
+    torch_before = _torch_record(python)
+    clone = tmp / "modelscope" / "attention-chapter"
+    shutil.copytree(ROOT, clone, ignore=_COPY_IGNORE)
+    index = _local_index(tmp / "modelscope")
+    pip_log = tmp / "modelscope" / "pip.log"
+    backup = {k: os.environ.get(k) for k in _PIP_VARS}
+    for k in _PIP_VARS:
+        os.environ.pop(k, None)
+    os.environ.update({"JUPYTER_PATH": colab_env["jupyter_path"], "PIP_CONFIG_FILE": os.devnull,
+                       "PIP_INDEX_URL": index.as_uri(), "PIP_LOG": str(pip_log)})
+    results = {}
+    try:
+        for name in MODELSCOPE_CHAPTERS:
+            chapter = clone / "chapters" / name
+            try:  # the kernel's working folder is the notebook's own, inside the clone
+                results[name] = _execute(chapter, colab_env, workdir=chapter.parent)
+            except Exception as exc:  # reported by the chapter's own test
+                results[name] = exc
+    finally:
+        for k, v in backup.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return {"results": results, "clone": clone, "index": index, "pip_log": pip_log,
+            "torch_before": torch_before, "torch_after": _torch_record(python)}
+
+
+def test_modelscope_setup_cell_installed_from_the_clone_through_the_index(modelscope_run, colab_env):
+    python = colab_env["python"]
+    code = ("import importlib.metadata as m, json; d = m.distribution('attn-lib'); "
+            "print(json.loads(d.read_text('direct_url.json'))['url']); print(d.locate_file(''))")
+    url, location = _run([str(python), "-c", code], cwd=colab_env["tmp"]).stdout.split()
+    assert url == modelscope_run["clone"].as_uri(), f"attn_lib was installed from {url}"
+    assert str(colab_env["venv"]) in location  # a regular install into the instance's environment
+    log = modelscope_run["pip_log"].read_text(encoding="utf-8", errors="replace")
+    assert f"Looking in indexes: {modelscope_run['index'].as_uri()}" in log, "pip did not use PIP_INDEX_URL"
+    assert "github.com" not in log
+
+
+def test_modelscope_keeps_the_instance_s_torch(modelscope_run):
+    assert modelscope_run["torch_after"] == modelscope_run["torch_before"]
+
+
+@pytest.mark.parametrize("name", MODELSCOPE_CHAPTERS)
+def test_chapter_runs_from_a_clone_on_modelscope(modelscope_run, name):
+    _compare(ROOT / "chapters" / name, modelscope_run["results"][name], "ModelScope-like")
