@@ -140,25 +140,23 @@ def test_packaged_benchmark_table_matches_the_measured_one(shipped_name, measure
 
 
 # Every chapter runs in seconds. Chapter 04's slider used to stall now and then until this
-# timeout and then go on: ``widgets.interact`` draws into an Output widget, which nbclient
-# emulates by sending comm messages to the kernel on the shell socket while the cell runs; such
-# a send can swallow the edge-triggered ZMQ wake-up for the execute reply that nbclient is
-# awaiting on that same socket, so the reply, long arrived, was read only when the poll's
-# timeout fired (kernel and client both idle; the cell took exactly the timeout, no error).
-# The slider now updates an Image widget (no Output widget, nothing sent mid-cell), and
-# test_no_chapter_uses_an_output_widget keeps it so.
+# timeout and then go on, with no error. The cause is nbclient, not the chapter: for a cell that
+# draws into an ipywidgets Output widget (``widgets.interact``: chapters 04, 07, 08), nbclient
+# emulates the widget and, while the cell runs, sends comm messages to the kernel on the shell
+# socket, the socket on which it is awaiting the cell's execute reply. Such a send can swallow
+# the edge-triggered ZMQ wake-up for the reply, which then sits unread until the poll's timeout
+# fires (measured: kernel and client both idle in select(); the cell took exactly the timeout;
+# about 1 slider cell in 30-40 under load). A browser front end does not do this. So the
+# simulation turns the emulation off (``widget_registry = {}``): nothing is sent mid-cell and a
+# widget's figure lands in the cell's own outputs (test_widget_cells_ran_without_output_widget_emulation).
 CELL_TIMEOUT_S = 120
-OUTPUT_WIDGET_CALLS = re.compile(r"\b(?:interact|interactive|interact_manual|interactive_output|Output)\s*\(")
 
 
-def test_no_chapter_uses_an_output_widget():
-    """See CELL_TIMEOUT_S: an Output widget (interact & co.) makes nbclient stall at random."""
-    offenders = []
-    for chapter in CHAPTERS:
-        for i, cell in enumerate(nbformat.read(chapter, as_version=4).cells):
-            if cell.cell_type == "code" and OUTPUT_WIDGET_CALLS.search(cell.source):
-                offenders.append(f"{chapter.name} cell {i}: {OUTPUT_WIDGET_CALLS.search(cell.source).group(0)}")
-    assert not offenders, "draw into an Image widget instead (chapter 04's slider):\n" + "\n".join(offenders)
+def _client(nb, workdir: Path) -> NotebookClient:
+    client = NotebookClient(nb, kernel_name="colab-sim", timeout=CELL_TIMEOUT_S,
+                            resources={"metadata": {"path": str(workdir)}})
+    client.widget_registry = {}  # no Output-widget emulation: see CELL_TIMEOUT_S
+    return client
 
 
 def _execute(chapter: Path, colab_env, workdir: Path | None = None) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
@@ -167,9 +165,7 @@ def _execute(chapter: Path, colab_env, workdir: Path | None = None) -> tuple[nbf
     if workdir is None:
         workdir = colab_env["tmp"] / "run" / chapter.stem  # an empty folder: no repository around it
         workdir.mkdir(parents=True)
-    client = NotebookClient(nb, kernel_name="colab-sim", timeout=CELL_TIMEOUT_S,
-                            resources={"metadata": {"path": str(workdir)}})
-    client.execute()  # raises CellExecutionError on any error
+    _client(nb, workdir).execute()  # raises CellExecutionError on any error
     return committed, nb
 
 
@@ -224,6 +220,18 @@ def _compare(chapter: Path, result, where: str) -> None:
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.name for p in CHAPTERS])
 def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
     _compare(chapter, executed[chapter.name], "Colab-like")
+
+
+def test_widget_cells_ran_without_output_widget_emulation(executed):
+    """The slider's figure is the cell's own output (nbclient mirrored nothing into the kernel)."""
+    result = executed["04_scaling.ipynb"]
+    if isinstance(result, Exception):
+        pytest.fail(f"04_scaling.ipynb failed: {str(result)[-2000:]}")
+    _, nb = result
+    slider = [c for c in nb.cells if c.cell_type == "code" and "widgets.interact(" in c.source]
+    assert len(slider) == 1
+    kinds = [k for o in slider[0].outputs for k in o.get("data", {})]
+    assert "application/vnd.jupyter.widget-view+json" in kinds and "image/png" in kinds, kinds
 
 
 def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
