@@ -92,12 +92,14 @@ def colab_env(tmp_path_factory):
     _run([sys.executable, "-m", "venv", str(venv)])
     python = venv / "bin" / "python"
     _run([str(python), "-m", "pip", "install", "--quiet", *COLAB_PACKAGES])
-    probe = _run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attn_lib') is None)"], cwd=tmp)
+    # The environment's own view: no PYTHONPATH (a developer's export would show this checkout's attn_lib)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MPLBACKEND")}
+    probe = _run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attn_lib') is None)"],
+                 cwd=tmp, env=env)
     assert probe.stdout.strip() == "True", "the fresh environment must not have attn_lib yet"
 
     checkout = tmp / "checkout"
     shutil.copytree(ROOT, checkout, ignore=_COPY_IGNORE)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MPLBACKEND")}
     env["ATTN_LIB_SOURCE"] = str(checkout)
     # The set-up cell itself, then the import a notebook's next cell does, in one process.
     code = SETUP_CELL + "\nimport attn_lib\nprint(attn_lib.__file__)\n"
@@ -121,7 +123,7 @@ def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     # Running the cell a second time (attn_lib now importable) does nothing and prints nothing.
     again = _run([str(python), "-c", SETUP_CELL], cwd=colab_env["tmp"], env=colab_env["env"])
     assert again.stdout == "" and again.stderr == ""
-    shown = _run([str(python), "-m", "pip", "show", "attn-lib"], cwd=colab_env["tmp"]).stdout
+    shown = _run([str(python), "-m", "pip", "show", "attn-lib"], cwd=colab_env["tmp"], env=colab_env["env"]).stdout
     assert "Name: attn-lib" in shown and "Editable project location" not in shown
     # The package data a chapter reads (chapter 08's benchmark table) came with the install.
     data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench, load_cpu_backward_bench; "
@@ -271,19 +273,21 @@ def _local_index(tmp: Path) -> Path:
     return root
 
 
-def _torch_record(python) -> str:
+def _torch_record(python, env) -> str:
     code = "import importlib.metadata as m; d = m.distribution('torch'); print(d.version, d.locate_file(''))"
-    return _run([str(python), "-c", code]).stdout.strip()
+    return _run([str(python), "-c", code], env=env).stdout.strip()
 
 
 @pytest.fixture(scope="module")
 def modelscope_run(executed, colab_env):
     """attn_lib uninstalled again; chapters run from a clone with only PIP_INDEX_URL (a local index) for pip."""
     python, tmp = colab_env["python"], colab_env["tmp"]
-    _run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", "attn-lib"])
-    probe = _run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attn_lib') is None)"], cwd=tmp)
+    env = colab_env["env"]
+    _run([str(python), "-m", "pip", "uninstall", "--yes", "--quiet", "attn-lib"], env=env)
+    probe = _run([str(python), "-c", "import importlib.util as u; print(u.find_spec('attn_lib') is None)"],
+                 cwd=tmp, env=env)
     assert probe.stdout.strip() == "True", "attn_lib must be gone before the ModelScope run"
-    torch_before = _torch_record(python)
+    torch_before = _torch_record(python, env)
     clone = tmp / "modelscope" / "attention-chapter"
     shutil.copytree(ROOT, clone, ignore=_COPY_IGNORE)
     index = _local_index(tmp / "modelscope")
@@ -308,14 +312,14 @@ def modelscope_run(executed, colab_env):
             else:
                 os.environ[k] = v
     return {"results": results, "clone": clone, "index": index, "pip_log": pip_log,
-            "torch_before": torch_before, "torch_after": _torch_record(python)}
+            "torch_before": torch_before, "torch_after": _torch_record(python, env)}
 
 
 def test_modelscope_setup_cell_installed_from_the_clone_through_the_index(modelscope_run, colab_env):
     python = colab_env["python"]
     code = ("import importlib.metadata as m, json; d = m.distribution('attn-lib'); "
             "print(json.loads(d.read_text('direct_url.json'))['url']); print(d.locate_file(''))")
-    url, location = _run([str(python), "-c", code], cwd=colab_env["tmp"]).stdout.split()
+    url, location = _run([str(python), "-c", code], cwd=colab_env["tmp"], env=colab_env["env"]).stdout.split()
     assert url == modelscope_run["clone"].as_uri(), f"attn_lib was installed from {url}"
     assert str(colab_env["venv"]) in location  # a regular install into the instance's environment
     log = modelscope_run["pip_log"].read_text(encoding="utf-8", errors="replace")
