@@ -240,15 +240,17 @@ def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
     probe = NotebookClient(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import attn_lib, sys; print(sys.prefix); print(attn_lib.__file__)")]),
         kernel_name="colab-sim", timeout=120, resources={"metadata": {"path": str(colab_env["tmp"])}})
-    old = os.environ.get("JUPYTER_PATH")
+    old = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PYTHONPATH")}
     os.environ["JUPYTER_PATH"] = colab_env["jupyter_path"]
+    os.environ.pop("PYTHONPATH", None)  # the kernel must see only the fresh environment
     try:
         cell = probe.execute().cells[0]
     finally:
-        if old is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     where = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout").split()
     assert where[0] == str(colab_env["venv"]) and str(colab_env["venv"]) in where[1], where
 
