@@ -1,13 +1,16 @@
 # Two commands do all the set-up on a fresh machine:
 #   make book   -> .venv with the pinned tools + attn_lib, then the HTML site in _build/html
-#   make test   -> the same set-up, system packages for the browser tests, the site, then every test
+#   make test   -> the same set-up, system packages for the browser tests, the site, the PDF, then every test
+#   make pdf    -> the whole book as one PDF, _build/pdf/book.pdf (offline: a single-page build
+#                  printed by Debian's headless Chromium), also copied into the site as book.pdf
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 SITE   := _build/html/index.html
+PDF    := _build/pdf/book.pdf
 
-.PHONY: book test venv sysdeps notebooks clean serve bench-cpu bench-gpu
+.PHONY: book test venv sysdeps notebooks clean serve bench-cpu bench-gpu pdf font
 
 venv: $(STAMP)
 
@@ -24,8 +27,20 @@ book: venv
 sysdeps:
 	bash scripts/install-system-deps.sh
 
-test: venv sysdeps book
+# The PDF: the same book in one page (_build/singlehtml), printed with page numbers, a table of
+# contents and the fonts embedded (scripts/make_pdf.py). Every page's download menu links the
+# site's copy, _build/html/book.pdf (copied when the site has been built).
+pdf: venv sysdeps
+	$(BIN)/jupyter-book build --builder singlehtml --warningiserror --keep-going .
+	$(BIN)/python scripts/make_pdf.py _build/singlehtml $(PDF)
+	if [ -d _build/html ]; then cp $(PDF) _build/html/book.pdf; fi
+
+test: venv sysdeps book pdf
 	$(BIN)/python -m pytest
+
+# Regenerate the CJK font subset that ships in attn_lib/fonts/ (after editing figure labels).
+font: venv sysdeps
+	$(BIN)/python scripts/make_font_subset.py
 
 # Re-execute every notebook in place (commit the outputs afterwards).
 notebooks: venv

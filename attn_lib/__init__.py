@@ -6,6 +6,14 @@ concept, and each module's docstring opens with the chapter it serves. Every fas
 tested against ``attn_lib.reference.attention`` with the tolerances in
 ``attn_lib.tolerances``. Importing attn_lib never touches CUDA.
 """
+import re as _re
+
+import torch as _torch
+
+TORCH_MIN = "2.5"  # what the book prints needs it (see pyproject.toml's dependencies)
+if tuple(int(p) for p in _re.findall(r"\d+", _torch.__version__)[:2]) < tuple(int(p) for p in TORCH_MIN.split(".")):
+    raise ImportError(f"torch must be version {TORCH_MIN} or newer for attn_lib, got {_torch.__version__}; "
+                      f"run pip install -U \"torch>={TORCH_MIN}\" and restart the kernel")
 from . import io_model, it_data, numpy_ref, tiny_model, worked_example
 from ._dispatch import BACKENDS
 from .device import cuda_available, default_device, try_gpu

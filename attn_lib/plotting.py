@@ -1,8 +1,8 @@
 """画图（各章共用；第 01–04、06–08、11 章）：注意力分数热力图、分数柱状图，以及中文字体（第 08 章的分块示意图在 plotting_flash.py）。
 
-Font: ``find_chinese_font()`` picks the first installed CJK font from ``CJK_FONT_CANDIDATES``
-with matplotlib's public font API; when none is installed ``setup_chinese_font()`` warns once
-with how to get one (Chinese labels would otherwise show as empty boxes).
+Font: the font functions live in ``attn_lib.fonts`` and are re-exported here
+(``find_chinese_font``, ``setup_chinese_font``): a system CJK font when there is one, else the
+subset of Noto Sans CJK SC that ships with attn_lib.
 
 Global state: only ``setup_chinese_font()`` changes matplotlib's global rcParams, once, when a
 notebook calls it (every chapter does, in its import cell, so that the figures a chapter
@@ -18,83 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-CJK_FONT_CANDIDATES = (
-    "Noto Sans CJK SC",
-    "Noto Sans CJK JP",
-    "Noto Sans SC",
-    "Source Han Sans SC",
-    "Source Han Sans CN",
-    "WenQuanYi Zen Hei",
-    "WenQuanYi Micro Hei",
-    "SimHei",
-    "Microsoft YaHei",
-    "PingFang SC",
-    "Heiti SC",
-    "Arial Unicode MS",
+from .fonts import (  # noqa: F401  (re-exported: `from attn_lib.plotting import setup_chinese_font`)
+    CJK_FONT_CANDIDATES, NO_FONT_MESSAGE, _add_new_system_fonts, _font_or_none, _installed_font_names,
+    find_chinese_font, setup_chinese_font,
 )
 
 # Widest figure the book draws (inches): at matplotlib's 100 dpi that is 700 CSS pixels, the
 # width of the website's text column on a laptop.
 MAX_WIDTH_IN = 7.0
-
-NO_FONT_MESSAGE = (
-    "没有找到中文字体，图里的中文会显示成方框。安装一个再重启内核即可："
-    "Debian/Ubuntu 运行 `sudo apt-get install fonts-noto-cjk`;"
-    "Google Colab 运行 `!apt-get -qq install fonts-noto-cjk`;"
-    "macOS 与 Windows 自带的 PingFang SC / Microsoft YaHei 会被自动选中。"
-    f"（attn_lib 依次查找：{', '.join(CJK_FONT_CANDIDATES)}）"
-)
-
-_chosen_font: str | None = None
-_font_checked = False
-
-
-def _installed_font_names() -> set[str]:
-    from matplotlib import font_manager
-
-    return {f.name for f in font_manager.fontManager.ttflist}
-
-
-def _add_new_system_fonts() -> None:
-    """Register font files installed after matplotlib cached its font list (public API only)."""
-    from matplotlib import font_manager
-
-    known = {f.fname for f in font_manager.fontManager.ttflist}
-    for path in font_manager.findSystemFonts():
-        if path not in known:
-            with contextlib.suppress(Exception):  # a file FreeType cannot read is skipped
-                font_manager.fontManager.addfont(path)
-
-
-def find_chinese_font() -> str | None:
-    """返回第一个已安装的中文字体名；都没有就返回 None。
-
-    Matplotlib caches its font list; a font installed after the cache was written (on Colab,
-    by the set-up cell) is found by registering the system's new font files once.
-    """
-    names = _installed_font_names()
-    found = next((c for c in CJK_FONT_CANDIDATES if c in names), None)
-    if found is None:
-        _add_new_system_fonts()
-        names = _installed_font_names()
-        found = next((c for c in CJK_FONT_CANDIDATES if c in names), None)
-    return found
-
-
-def _font_or_none() -> str | None:
-    """The CJK font, looked up once per process (warns once when there is none)."""
-    global _chosen_font, _font_checked
-    if not _font_checked:
-        _font_checked = True
-        _chosen_font = find_chinese_font()
-        if _chosen_font is None:
-            warnings.warn(NO_FONT_MESSAGE, stacklevel=3)
-    return _chosen_font
 
 
 def book_rc() -> dict[str, Any]:
@@ -142,28 +77,6 @@ def _capped(width: float, height: float) -> tuple[float, float]:
     if width <= MAX_WIDTH_IN:
         return width, height
     return MAX_WIDTH_IN, height * MAX_WIDTH_IN / width
-
-
-def setup_chinese_font(*, force: bool = False) -> str | None:
-    """让这个进程里的 matplotlib 图都用中文字体；返回选中的字体名，找不到时提醒一次怎么安装并返回 None。
-
-    This is the one function that changes matplotlib's global rcParams (the notebooks call it
-    once, in their import cell, so that their own plain-matplotlib figures show Chinese).
-    ``force=True`` looks the font up again.
-    """
-    global _font_checked
-    import matplotlib as mpl
-
-    if force:
-        _font_checked = False
-    font = _font_or_none()
-    if font is None:
-        return None
-    rest = [f for f in mpl.rcParams["font.sans-serif"] if f != font]
-    mpl.rcParams["font.sans-serif"] = [font, *rest]
-    mpl.rcParams["font.family"] = "sans-serif"
-    mpl.rcParams["axes.unicode_minus"] = False
-    return font
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -4,12 +4,15 @@ scripts/setup_cell.py is the one source of the cell. Every chapters/*.ipynb must
 it verbatim as its first code cell; the repository it installs from must be _config.yml's
 ``repository.url`` (the one place the URL is set). Where attn_lib is importable the cell
 prints nothing and runs nothing (so nbval's committed outputs stay identical); where it is
-not, it runs exactly one pip command (from ATTN_LIB_SOURCE when set) and, on Colab only, the
-CJK-font install.
+not, it runs exactly one pip command: from ATTN_LIB_SOURCE when set, else from the clone of
+this repository the notebook runs in (ModelScope), else from GitHub (Colab). It never runs
+apt (the CJK font ships with attn_lib), and on a torch older than the floor it stops with the
+version needed instead of installing.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import io
 import re
@@ -49,9 +52,20 @@ def test_setup_cell_installs_from_the_configured_repository():
     )
 
 
-def _exec_cell(monkeypatch, *, importable: bool, env_source: str | None = None, colab: bool = False):
+def _exec_cell(monkeypatch, *, importable: bool, env_source: str | None = None, colab: bool = False,
+               torch_version: str | None = "2.13.0"):
     """Run the cell's text in this process with subprocess.run recorded instead of executed."""
     calls = []
+    real_version = importlib.metadata.version
+
+    def fake_version(name):
+        if name != "torch":
+            return real_version(name)
+        if torch_version is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return torch_version
+
+    monkeypatch.setattr(importlib.metadata, "version", fake_version)
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k)) or
                         subprocess.CompletedProcess(a[0] if a else None, 0))
     real_find_spec = importlib.util.find_spec
@@ -84,8 +98,9 @@ def test_setup_cell_is_silent_in_a_real_interpreter():
     assert proc.returncode == 0 and proc.stdout == "" and proc.stderr == "", proc
 
 
-def test_setup_cell_installs_from_github_when_attn_lib_is_missing(monkeypatch):
+def test_setup_cell_installs_from_github_when_attn_lib_is_missing(monkeypatch, tmp_path):
     url = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["repository"]["url"]
+    monkeypatch.chdir(tmp_path)  # outside any clone of the repository (Colab opens a lone notebook)
     calls, out, err = _exec_cell(monkeypatch, importable=False)
     assert len(calls) == 1, calls
     cmd = calls[0][0][0]
@@ -94,14 +109,58 @@ def test_setup_cell_installs_from_github_when_attn_lib_is_missing(monkeypatch):
 
 
 def test_setup_cell_honours_attn_lib_source(monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT / "chapters")  # even inside a clone, the explicit source wins
     calls, _, _ = _exec_cell(monkeypatch, importable=False, env_source=str(tmp_path))
     assert [c[0][0] for c in calls] == [[sys.executable, "-m", "pip", "install", "-q", str(tmp_path)]]
 
 
-def test_setup_cell_installs_a_cjk_font_on_colab_only(monkeypatch):
-    calls, _, _ = _exec_cell(monkeypatch, importable=False, colab=True)
-    assert len(calls) == 2
-    font_cmd = calls[1][0][0]
-    assert "fonts-noto-cjk" in font_cmd and "apt-get" in font_cmd
-    calls, _, _ = _exec_cell(monkeypatch, importable=False, colab=False)
-    assert len(calls) == 1
+def _fake_clone(root):
+    (root / "attn_lib").mkdir(parents=True)
+    (root / "attn_lib" / "__init__.py").write_text("", encoding="utf-8")
+    (root / "pyproject.toml").write_text("[project]\nname = 'attn-lib'\n", encoding="utf-8")
+    (root / "chapters").mkdir()
+    return root
+
+
+def test_setup_cell_installs_from_the_clone_it_runs_in(monkeypatch, tmp_path):
+    """ModelScope: the reader clones the repository and opens chapters/NN.ipynb (the kernel's cwd)."""
+    clone = _fake_clone(tmp_path / "attention-chapter")
+    monkeypatch.chdir(clone / "chapters")
+    calls, out, err = _exec_cell(monkeypatch, importable=False)
+    assert [c[0][0] for c in calls] == [[sys.executable, "-m", "pip", "install", "-q", str(clone)]]
+    assert out == "" and err == ""
+    monkeypatch.chdir(clone)  # a notebook opened at the clone's top folder finds it too
+    calls, _, _ = _exec_cell(monkeypatch, importable=False)
+    assert [c[0][0][-1] for c in calls] == [str(clone)]
+
+
+def test_setup_cell_never_runs_apt(monkeypatch, tmp_path):
+    """The CJK font ships with attn_lib (attn_lib/fonts/): no apt-get on Colab or anywhere."""
+    monkeypatch.chdir(tmp_path)
+    for colab in (True, False):
+        calls, _, _ = _exec_cell(monkeypatch, importable=False, colab=colab)
+        assert len(calls) == 1 and calls[0][0][0][:4] == [sys.executable, "-m", "pip", "install"], calls
+    assert "apt-get" not in SETUP_CELL
+
+
+@pytest.mark.parametrize("old", ["2.4.1", "2.1.0+cu121", "1.13.1"])
+def test_setup_cell_stops_on_a_torch_below_the_floor(monkeypatch, tmp_path, old):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError) as info:
+        _exec_cell(monkeypatch, importable=False, torch_version=old)
+    message = str(info.value)
+    assert f"torch 2.5 或更新的版本，这里是 {old}" in message and 'pip install -U "torch>=2.5"' in message
+
+
+@pytest.mark.parametrize("ok", ["2.5.0", "2.5.1+cu124", "2.13.0", "3.0.0"])
+def test_setup_cell_keeps_a_torch_that_meets_the_floor(monkeypatch, tmp_path, ok):
+    """A runtime's own torch (Colab's, ModelScope's CUDA build) is kept: pip installs attn_lib only."""
+    monkeypatch.chdir(tmp_path)
+    calls, _, _ = _exec_cell(monkeypatch, importable=False, torch_version=ok)
+    assert len(calls) == 1 and not any("torch" in part for part in calls[0][0][0])
+
+
+def test_setup_cell_installs_where_torch_is_missing(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    calls, _, _ = _exec_cell(monkeypatch, importable=False, torch_version=None)
+    assert len(calls) == 1  # pip brings torch as attn_lib's dependency

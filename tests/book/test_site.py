@@ -42,6 +42,7 @@ from site_server import (
 )
 
 MISSING = site_missing_message()
+MODELSCOPE_URL = "https://modelscope.cn/my/mynotebook"  # _site/readers.py
 # index.html is only a redirect to intro.html (tested on its own below).
 PAGES = [p for p in html_pages() if p != "index.html"] or ["(site not built)"]
 NOTEBOOK_PAGES = notebook_pages()
@@ -359,6 +360,9 @@ def test_launch_and_download_buttons(context, base_url, rel):
     binder = f"https://mybinder.org/v2/gh/{owner_repo}/{branch}?urlpath=tree/{nb_path}"
     assert colab in hrefs, f"{rel}: no Colab button to {colab}; links: {sorted(h for h in hrefs if 'colab' in h)}"
     assert binder in hrefs, f"{rel}: no Binder button to {binder}; links: {sorted(h for h in hrefs if 'binder' in h)}"
+    # ModelScope (魔搭) cannot open a GitHub notebook: its notebook page, in the same launch menu
+    assert MODELSCOPE_URL in hrefs, f"{rel}: no ModelScope button to {MODELSCOPE_URL}"
+    assert base_url + "book.pdf" in hrefs, f"{rel}: no link to the whole book's PDF"
     assert url in hrefs, f"{rel}: no repository button to {url}"
     downloads = [h for h in hrefs if h.startswith(base_url + "_sources/") and h.endswith(".ipynb")]
     assert downloads, f"{rel}: no download button for the .ipynb"
@@ -366,6 +370,28 @@ def test_launch_and_download_buttons(context, base_url, rel):
     local = SITE / urllib.parse.unquote(downloads[0][len(base_url):])
     assert local.is_file(), f"{rel}: download link {downloads[0]} points at a missing file"
     assert json.loads(local.read_text(encoding="utf-8")) == json.loads((ROOT / nb_path).read_text(encoding="utf-8"))
+
+
+def test_modelscope_is_in_every_chapter_s_launch_menu():
+    """Static check of the written HTML: the ModelScope entry sits in the launch dropdown, beside Colab."""
+    if not NOTEBOOK_PAGES:
+        pytest.fail(MISSING or "the site has no page built from a notebook")
+    for rel in NOTEBOOK_PAGES:
+        html = (SITE / rel).read_text(encoding="utf-8")
+        menu = re.search(r'<div class="dropdown dropdown-launch-buttons">.*?</ul>', html, flags=re.S)
+        assert menu, f"{rel}: no launch menu"
+        assert f'href="{MODELSCOPE_URL}"' in menu.group(0) and "colab.research.google.com" in menu.group(0), rel
+        assert "ModelScope（魔搭）" in menu.group(0), rel
+
+
+@pytest.mark.parametrize("english", ["Toggle hidden content", 'aria-label="Main"', 'aria-label="Page"'])
+def test_ui_labels_are_chinese(english):
+    """sphinx-togglebutton's and the theme's untranslated labels are replaced in every written file."""
+    if MISSING:
+        pytest.fail(MISSING)
+    files = [SITE / p for p in html_pages()] + [SITE / "_static" / "togglebutton.js"]
+    left = [f.relative_to(SITE).as_posix() for f in files if english in f.read_text(encoding="utf-8")]
+    assert not left, f"{english!r} is still in {left}"
 
 
 def _search(context, base_url: str, query: str) -> list[str]:

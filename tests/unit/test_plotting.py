@@ -154,7 +154,9 @@ def test_plots_use_a_cjk_font_and_label_cells():
 
 
 def test_missing_font_message(monkeypatch):
-    monkeypatch.setattr(plotting, "find_chinese_font", lambda: None)
+    from attn_lib import fonts
+
+    monkeypatch.setattr(fonts, "find_chinese_font", lambda: None)  # no system font and no bundled one
     with pytest.warns(UserWarning, match="fonts-noto-cjk"):
         assert plotting.setup_chinese_font(force=True) is None
     monkeypatch.undo()
