@@ -53,6 +53,8 @@ def head_measures(model, test_examples, test_data: dict) -> dict[str, Any]:
 
 
 def _rounded(value):
+    if isinstance(value, dict):
+        return {key: _rounded(v) for key, v in value.items()}
     if isinstance(value, float):
         return round(value, DIGITS)
     if isinstance(value, list):
