@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import it_data, tiny_model
+from ._validate import check_int, check_positive_int
 
 SEEDS = (0, 1, 2, 3, 4)
 KINDS = {"rope": ("rope", 2), "rope_one_head": ("rope", 1), "sinusoidal": ("sinusoidal", 2), "none": ("none", 2)}
@@ -76,11 +77,15 @@ def seed_study(seeds=SEEDS, *, n_train: int = 3000, n_test: int = 1000) -> dict[
         ``"verb_head"`` (0 or 1), ``"head_gap"``, ``"without_verb_head"`` and
         ``"without_other_head"``. Floats are rounded to ``DIGITS`` decimals.
     """
+    seeds = [check_int("seed", s, 0) for s in seeds]
+    if not seeds:
+        raise ValueError("seeds must be a non-empty sequence of ints >= 0, got an empty one; pass e.g. range(5)")
+    n_train, n_test = check_positive_int("n_train", n_train), check_positive_int("n_test", n_test)
     train_data = it_data.encode(it_data.make_split("train", n_train))
     test_examples = it_data.make_split("test", n_test)
     test_data = it_data.encode(test_examples)
     has_distractor = torch.tensor([ex.distractor for ex in test_examples])  # (N,)
-    result: dict[str, list] = {"seeds": [int(s) for s in seeds], **{name: [] for name in KINDS}}
+    result: dict[str, list] = {"seeds": seeds, **{name: [] for name in KINDS}}
     for name in ("roles", "verb_head", "head_gap", "without_verb_head", "without_other_head"):
         result[name] = []
     for seed in result["seeds"]:
