@@ -1,4 +1,4 @@
-"""第 8、9 章（基准测试的测量结果）：随 attn_lib 一起安装，第 08 章读前向的表画图，第 09 章读前向 + 反向的表。
+"""第 8–11 章（随包安装的测量结果）：第 08 章读前向的基准测试表画图，第 09 章读前向 + 反向的表，第 10–11 章读多种子实验的结果。
 
 ``bench/cpu.py`` writes its measurements to ``bench/results/cpu.json`` in the repository.
 A copy ships inside the package as ``attn_lib/data/cpu_bench.json`` (``package-data`` in
@@ -9,6 +9,11 @@ The same holds for ``bench/cpu.py --backward`` (``bench/results/cpu_backward.jso
 copy the file: ``cp bench/results/cpu.json attn_lib/data/cpu_bench.json`` or
 ``cp bench/results/cpu_backward.json attn_lib/data/cpu_backward_bench.json``
 (tests/test_colab_sim.py checks that each pair is identical).
+
+``attn_lib/data/seed_study.json`` is the result of ``attn_lib.seed_study.seed_study()`` (20
+trainings of chapter 10's tiny model), written by ``scripts/make_seed_study.py``; chapters 10
+and 11 read it with ``load_seed_study`` instead of training for minutes, and
+``tests/book/test_seed_study.py`` recomputes it and checks the file equals the fresh result.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Any
 
 CPU_BENCH_RESOURCE = "cpu_bench.json"
 CPU_BACKWARD_BENCH_RESOURCE = "cpu_backward_bench.json"
+SEED_STUDY_RESOURCE = "seed_study.json"
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -44,3 +50,14 @@ def load_cpu_bench() -> dict[str, Any]:
         causal flag, with ``time_s`` and ``peak_extra_mib``).
     """
     return _load(CPU_BENCH_RESOURCE)
+
+
+def load_seed_study() -> dict[str, Any]:
+    """读出随包安装的多种子实验结果（``scripts/make_seed_study.py`` 用 ``seed_study()`` 算出的那份）。
+
+    Returns:
+        The JSON object of ``attn_lib/data/seed_study.json``: ``machine`` (where it was run),
+        ``command``, ``threads``, ``seconds`` (how long the study took there) and ``results``
+        (what ``attn_lib.seed_study.seed_study()`` returned: a dict of lists, one entry per seed).
+    """
+    return _load(SEED_STUDY_RESOURCE)

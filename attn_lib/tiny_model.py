@@ -5,16 +5,14 @@
     logits = readout(out[b, it_index[b]])             (B, n_objects): which object「它」means
 
 One attention layer, no feed-forward block: the answer has to come through the attention
-weights of the 「它」 position. Training runs in float64 on one CPU thread (whatever the
-process's thread count), so a fixed seed gives the same weights, the same accuracy and the
-same argmax tokens on every run, with 1 or 2 threads. ``one_thread`` sets torch's intra-op
-thread count to 1 for the duration of ``train`` / ``predict`` and restores it afterwards: the
-one process-wide setting the library touches, because torch has no per-call thread count and
-float64 sums split over 2 threads differ in the last bits.
+weights of the 「它」 position. Training runs in float64 with a fixed seed, so it gives the same
+weights, the same accuracy and the same argmax tokens on every run. The library changes no
+process-wide setting: float64 sums split over 2 threads can differ in the last bits from one
+thread, so a caller who wants results that do not depend on the thread count (chapters 10 and
+11, ``scripts/make_seed_study.py``, the tests) calls ``torch.set_num_threads(1)`` itself, once.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import torch
@@ -104,20 +102,12 @@ def build_model(positions: str = "rope", *, seed: int = 0, d_model: int = 32, nu
     return model.double()
 
 
-@contextlib.contextmanager
-def one_thread():
-    """在这段代码里只用一个线程（结果与进程的线程数无关），结束后恢复。"""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train(model: TinyItModel, data: dict, *, steps: int = 200, batch_size: int = 128, lr: float = 0.02,
           seed: int = 0) -> list[float]:
-    """用 Adam 训练 ``steps`` 步（固定种子、单线程、float64），返回每一步的损失。
+    """用 Adam 训练 ``steps`` 步（固定种子、float64），返回每一步的损失。
+
+    Uses the process's thread count as it is; for results that do not depend on it, the caller
+    sets ``torch.set_num_threads(1)`` once before training (chapters 10 and 11 do).
 
     Args:
         model: a ``TinyItModel``.
@@ -136,17 +126,16 @@ def train(model: TinyItModel, data: dict, *, steps: int = 200, batch_size: int =
     N = data["ids"].shape[0]
     losses = []
     model.train()
-    with one_thread():
-        for _ in range(steps):
-            idx = torch.randint(0, N, (batch_size,), generator=g)  # (batch,)
-            lengths = data["lengths"][idx]  # (batch,)
-            L = int(lengths.max())
-            logits, _ = model(data["ids"][idx, :L], lengths, data["it_index"][idx])  # (batch,n_objects)
-            loss = F.cross_entropy(logits, data["target"][idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
+    for _ in range(steps):
+        idx = torch.randint(0, N, (batch_size,), generator=g)  # (batch,)
+        lengths = data["lengths"][idx]  # (batch,)
+        L = int(lengths.max())
+        logits, _ = model(data["ids"][idx, :L], lengths, data["it_index"][idx])  # (batch,n_objects)
+        loss = F.cross_entropy(logits, data["target"][idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
     model.eval()
     return losses
 
@@ -154,8 +143,7 @@ def train(model: TinyItModel, data: dict, *, steps: int = 200, batch_size: int =
 @torch.no_grad()
 def predict(model: TinyItModel, data: dict):
     """对一个划分做预测：返回答案编号 (N,) 和注意力分数 (N, H, L, L)。"""
-    with one_thread():
-        logits, scores = model(data["ids"], data["lengths"], data["it_index"])  # (N,n_objects), (N,H,L,L)
+    logits, scores = model(data["ids"], data["lengths"], data["it_index"])  # (N,n_objects), (N,H,L,L)
     return logits.argmax(-1), scores
 
 
@@ -258,4 +246,4 @@ def run_experiment(positions: str = "rope", *, seed: int = 0, n_train: int = 300
 
 __all__ = ["ROLES", "token_roles", "attention_by_role", "object_vector_similarity", "run_experiment",
            "TinyItModel", "RotaryMultiHeadAttention", "build_model", "train", "predict", "accuracy",
-           "without_head", "one_thread", "POSITION_KINDS"]
+           "without_head", "POSITION_KINDS"]

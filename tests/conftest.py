@@ -40,5 +40,5 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "slow: re-runs every notebook under nbval in a subprocess (deselect with -m 'not slow')"
+        "markers", "slow: takes minutes (nbval reruns, the seed study recomputed; deselect with -m 'not slow')"
     )

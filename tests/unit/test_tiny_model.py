@@ -1,4 +1,8 @@
 """The 「它」 data set (attn_lib.it_data) and the tiny model trained on it (attn_lib.tiny_model)."""
+import os
+import subprocess
+import sys
+
 import torch
 
 from attn_lib import KVCache, it_data, tiny_model
@@ -29,22 +33,50 @@ def test_data_labels_are_right_and_position_alone_fails():
     assert 0.4 < first < 0.6 and nearest < 0.6  # "the first object", "the nearest noun": near chance
 
 
-def test_tiny_model_learns_and_is_reproducible():
+# Trains chapter 10's model as the chapters do (one thread, set by the caller) and prints a digest
+# of the losses and weights; run in fresh processes started with 1 and with 2 threads.
+_TRAIN_ONE_THREAD = r"""
+import hashlib, torch
+from attn_lib import it_data, tiny_model
+started_with = torch.get_num_threads()
+torch.set_num_threads(1)
+model = tiny_model.build_model("rope", seed=0)
+losses = tiny_model.train(model, it_data.encode(it_data.make_split("train", 3000)), steps=60)
+h = hashlib.sha256(repr(losses).encode())
+for p in model.parameters():
+    h.update(p.detach().numpy().tobytes())
+print(started_with, torch.get_num_threads(), h.hexdigest())
+"""
+
+
+def test_training_with_one_thread_is_bit_identical_whatever_the_process_started_with():
+    runs = {}
+    for threads in (1, 2):
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        r = subprocess.run([sys.executable, "-c", _TRAIN_ONE_THREAD], env=env, capture_output=True, text=True,
+                           timeout=600, check=True)
+        started_with, during, digest = r.stdout.split()
+        assert (started_with, during) == (str(threads), "1")
+        runs[threads] = digest
+    assert runs[1] == runs[2]  # bit-identical losses and weights
+
+
+def test_tiny_model_learns_and_changes_no_thread_count():
     data = it_data.encode(it_data.make_split("train", 3000))
     test = it_data.encode(it_data.make_split("test", 1000))
-    runs, before = [], torch.get_num_threads()
+    before = torch.get_num_threads()
     try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            model = tiny_model.build_model("rope", seed=0)
-            losses = tiny_model.train(model, data)
-            runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+        torch.set_num_threads(1)  # as the chapters do
+        model = tiny_model.build_model("rope", seed=0)
+        tiny_model.train(model, data)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert tiny_model.accuracy(model, test) > 0.9
+        assert tiny_model.accuracy(tiny_model.without_head(model, 0), test) < 0.8
+        tiny_model.train(tiny_model.build_model("none", seed=1), data, steps=2)
+        assert torch.get_num_threads() == 2  # train / predict leave the process's thread count alone
     finally:
         torch.set_num_threads(before)
-    assert runs[0][0] == runs[1][0]  # bit-identical losses with 1 and 2 threads
-    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
-    assert tiny_model.accuracy(model, test) > 0.9
-    assert tiny_model.accuracy(tiny_model.without_head(model, 0), test) < 0.8
 
 
 def test_rotary_layer_keeps_no_state_between_calls():
