@@ -126,6 +126,7 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from attn_lib._numerics import resolve_scale
     from attn_lib._validate import check_attention_inputs
     from attn_lib.flash import _flash_unchecked
     from attn_lib.flash_torch import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, _forward_tiles
@@ -142,11 +143,11 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
         if args.checks == "both":  # the same door on every side
             check_attention_inputs(q, k, v)
         if impl == "naive":
-            return _naive_core(q, k, v, causal, q.shape[-1] ** -0.5, None, check_overflow=args.checks == "both")
+            return _naive_core(q, k, v, causal, resolve_scale(None, q.shape[-1]), None, check_overflow=args.checks == "both")
         if impl == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         with torch.no_grad():
-            return _forward_tiles(q, k, v, None, causal=causal, scale=q.shape[-1] ** -0.5,
+            return _forward_tiles(q, k, v, None, causal=causal, scale=resolve_scale(None, q.shape[-1]),
                                   block_m=args.block_m or DEFAULT_BLOCK_M, block_n=args.block_n or DEFAULT_BLOCK_N,
                                   counter=None)[0]
 
@@ -159,7 +160,7 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
             if impl == "tiled":
                 if args.checks == "both":
                     check_attention_inputs(q, k, v)
-                out = _flash_unchecked(q, k, v, is_causal=causal, scale=q.shape[-1] ** -0.5, key_padding_mask=None,
+                out = _flash_unchecked(q, k, v, is_causal=causal, scale=resolve_scale(None, q.shape[-1]), key_padding_mask=None,
                                        backend="torch", check_overflow=args.checks == "both")  # (B,H,N,D)
             else:
                 out = forward(q, k, v)  # (B,H,N,D)

@@ -128,9 +128,10 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from attn_lib._numerics import resolve_scale
     from attn_lib.naive import _naive_core
 
-    scale = q.shape[-1] ** -0.5
+    scale = resolve_scale(None, q.shape[-1])
     if impl == "triton":
         def fwd():
             return kernel.launch(q, k, v, None, causal, scale, interpret=False, dot_fp32=flags["dot_fp32"],
@@ -260,6 +261,7 @@ def compile_only(sm: int, head_dims, dtypes) -> int:
     kernel = importlib.import_module("attn_lib.flash_triton")
     backward = importlib.import_module("attn_lib.flash_triton_backward")
     config = importlib.import_module("attn_lib._triton_config")
+    numerics = importlib.import_module("attn_lib._numerics")
     if type(kernel._attn_fwd).__name__ != "JITFunction":
         print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM",
               file=sys.stderr)
@@ -269,12 +271,12 @@ def compile_only(sm: int, head_dims, dtypes) -> int:
     print(f"# sm_{sm}: shared memory per program, first configuration of each kernel (causal, key padding)")
     for dtype in dtypes:
         tdtype = getattr(torch, dtype)
-        dot_fp32 = tdtype == torch.bfloat16 and sm < 80  # as attn_lib.flash.kernel_flags decides
+        dot_fp32 = numerics.dot_fp32(tdtype, (sm // 10, sm % 10), False)  # the rule of attn_lib._numerics
         for D in head_dims:
             for kind, fn in kernels:
                 cfg = config.candidate_configs(D, D, tdtype, False, kind=kind, capability=(sm // 10, sm % 10))[0]
                 consts = dict(D=D, DV=D, CAUSAL=True, HAS_KPM=True, DOT_FP32=dot_fp32,
-                              INPUT_PRECISION="ieee" if dot_fp32 else None, INT64=False, SPLIT_SCALE=False,
+                              INPUT_PRECISION=numerics.dot_input_precision(tdtype, dot_fp32), INT64=False, SPLIT_SCALE=False,
                               **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV")})
                 src = ASTSource(fn=fn, signature=kernel_signature(fn.arg_names, {"float16": "fp16", "bfloat16": "bf16"}[dtype],
                                                                   consts),

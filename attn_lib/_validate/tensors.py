@@ -55,6 +55,7 @@ def all_finite(t: Any) -> bool:
 
     from .._numerics import work_dtype
 
+    t = t.detach()  # a check, not part of the graph
     return bool(torch.isfinite(t.sum(dtype=work_dtype(t.dtype)))) or bool(torch.isfinite(t).all())
 
 
