@@ -132,7 +132,7 @@ def triton_interprets() -> bool:
 
 
 def no_cuda_device_for_sure() -> bool:
-    """不触碰 CUDA 就能断定本进程没有 CUDA GPU 吗（CPU 版 torch;Linux 上没有 /dev/nvidia* 设备文件）。"""
+    """不触碰 CUDA 就能断定本进程没有 CUDA GPU 吗（CPU 版 torch；Linux 上没有 /dev/nvidia* 设备文件）。"""
     import torch
 
     if torch.version.hip is not None:  # ROCm: leave the choice to triton_interprets()

@@ -82,7 +82,7 @@ def standard_attention_io(N: int, d: int) -> dict:
 
 
 def block_sizes(d: int, M: int) -> tuple[int, int]:
-    """论文 Algorithm 1 的块大小：Bc = ceil(M / 4d),Br = min(Bc, d)。返回 (Br, Bc)。
+    """论文 Algorithm 1 的块大小：Bc = ceil(M / 4d)，Br = min(Bc, d)。返回 (Br, Bc)。
 
     Args:
         d: head dim.
@@ -123,7 +123,7 @@ def flash_attention_io(N: int, d: int, M: int) -> dict:
 
 
 def tiled_block_sizes(d: int, M: int) -> tuple[int, int]:
-    """本书分块实现（查询块在外层）按片上内存 M 选块：BLOCK_M = ceil(M / 4d),BLOCK_N = min(BLOCK_M, d)。
+    """本书分块实现（查询块在外层）按片上内存 M 选块：BLOCK_M = ceil(M / 4d)，BLOCK_N = min(BLOCK_M, d)。
 
     The roles of the paper's Br and Bc swap with the loops: Q_i and acc (BLOCK_M x d each)
     take half of M, K_j and V_j (BLOCK_N x d) at most half, the score tile BLOCK_M x BLOCK_N

@@ -22,7 +22,7 @@ from ._validate.sequences import check_additive_mask, check_bool_mask, check_cau
 
 
 def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> torch.Tensor:
-    """因果掩码：第 i 个查询只能看第 0..i 个键。返回布尔 (L, S),True = 可以看。
+    """因果掩码：第 i 个查询只能看第 0..i 个键。返回布尔 (L, S)，True = 可以看。
 
     Same alignment as ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``:
     top-left, i.e. ``ones(L, S).tril(diagonal=0)``. With L = 3, S = 3::

@@ -12,7 +12,7 @@ from ._validate import check_attention_arrays, check_bool, check_dim, check_floa
 
 
 def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出（教学用）。
+    """照公式直接算的 softmax：exp(x) / Σexp(x)。输入大时会溢出（教学用）。
 
     Args:
         x: float array of any shape.
@@ -54,7 +54,7 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
 
 
 def causal_mask(L: int, S: int | None = None) -> np.ndarray:
-    """因果掩码（numpy）：布尔 (L, S),True = 可以看；左上角对齐，同 attn_lib.causal_mask。
+    """因果掩码（numpy）：布尔 (L, S)，True = 可以看；左上角对齐，同 attn_lib.causal_mask。
 
     Args:
         L: number of queries.

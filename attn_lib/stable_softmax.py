@@ -25,7 +25,7 @@ from ._validate import check_dim, check_float_tensor, check_row_max
 
 
 def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """照公式直接算的 softmax:exp(x) / Σexp(x)。输入大时会溢出成 nan（教学用）。
+    """照公式直接算的 softmax：exp(x) / Σexp(x)。输入大时会溢出成 nan（教学用）。
 
     Args:
         x: float tensor of any shape.
