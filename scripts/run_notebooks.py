@@ -23,10 +23,6 @@ def run(path: Path, timeout: int = 600) -> float:
     nb.metadata["kernelspec"] = KERNEL_METADATA
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
-    # No Output-widget emulation: nbclient's emulation of ipywidgets' Output widget sends
-    # messages on the socket it waits on and can swallow a cell's reply (the cell then sits
-    # idle until the timeout; see tests/book/test_colab_sim.py).
-    client.widget_registry = {}
     t0 = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - t0
