@@ -1,0 +1,67 @@
+"""Follow one call of MultiHeadAttention.forward and count the attn_lib modules it passes.
+
+Prints, for a few layer configurations: how many attn_lib modules the call's frames pass
+through (the check package attn_lib._validate counted as one), how many stays (changes of
+module along the way), and how often the call enters the check package. Run:
+
+    .venv/bin/python scripts/trace_query.py          # attn_lib modules only
+    .venv/bin/python scripts/trace_query.py ""       # every module, torch's included
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import attn_lib
+
+PREFIX = sys.argv[1] if len(sys.argv) > 1 else "attn_lib"
+CHECKS = "attn_lib._validate"
+
+
+def trace(layer, x, **kw):
+    """Run layer(x, **kw) once under a profiler; return (modules, stays, check-package entries)."""
+    stays, stack, entries = [], [], [0]
+
+    def prof(frame, event, arg):
+        if event not in ("call", "return"):
+            return
+        name = frame.f_globals.get("__name__", "")
+        if not name.startswith(PREFIX):
+            return
+        if event == "call":
+            if name.startswith(CHECKS) and not any(m.startswith(CHECKS) for m in stack):
+                entries[0] += 1
+            stack.append(name)
+        elif stack:
+            stack.pop()
+        if stack and (not stays or stays[-1] != stack[-1]):
+            stays.append(stack[-1])
+
+    sys.setprofile(prof)
+    try:
+        layer(x, **kw)
+    finally:
+        sys.setprofile(None)
+    modules = sorted({CHECKS if s.startswith(CHECKS) else s for s in stays})
+    return modules, len(stays), entries[0]
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)  # (B,L,C)
+    cases = [("default (auto -> sdpa)", attn_lib.MultiHeadAttention(8, 2), {}),
+             ("causal + key padding", attn_lib.MultiHeadAttention(8, 2, is_causal=True),
+              {"mask": attn_lib.padding_mask([5, 3])}),
+             ("need_weights=True", attn_lib.MultiHeadAttention(8, 2), {"need_weights": True}),
+             ("backend='torch', causal", attn_lib.MultiHeadAttention(8, 2, is_causal=True, backend="torch"), {})]
+    for label, layer, kw in cases:
+        with torch.no_grad():
+            layer(x, **kw)  # warm up: first-call imports are not the layer's path
+            modules, stays, entries = trace(layer, x, **kw)
+        print(f"{label}: {len(modules)} modules, {stays} stays, {entries} entries into the check package")
+        print("    " + ", ".join(modules))
+
+
+if __name__ == "__main__":
+    main()
