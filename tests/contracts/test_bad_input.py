@@ -674,6 +674,8 @@ ROWS += [
     ("tiny_model.train: lr 0", _train(lr=0), ValueError, r"^lr must be finite and > 0, got 0$"),
     ("tiny_model.train: lr inf", _train(lr=float("inf")), ValueError, r"^lr must be finite and > 0, got inf$"),
     ("tiny_model.train: lr < 0", _train(lr=-0.5), ValueError, r"^lr must be finite and > 0, got -0\.5$"),
+    ("naive_softmax: numpy input", lambda: attn_lib.naive_softmax(np.zeros(3)), TypeError,
+     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("tiny_model.train: batch_size a float", _train(batch_size=2.0), TypeError,
      r"^batch_size must be a positive int, got 2\.0 \(float\)"),
 ]
