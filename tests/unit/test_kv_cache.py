@@ -124,3 +124,9 @@ def test_attention_mask_is_built_on_the_device_of_the_cache_or_of_the_mask():
     for mask in (torch.ones(1, 1, 1, 0, dtype=torch.bool, device=meta), torch.zeros(1, 1, 1, 0, device=meta)):
         got = KVCache().attention_mask(mask, 0, True)  # an empty cache: the mask's device
         assert got.device == meta and got.shape == (1, 1, 0, 0)
+
+
+def test_attention_mask_hands_a_mask_it_cannot_combine_to_attention_unchanged():
+    cache = _cache(3)
+    for mask in ([[True, False, True]], torch.tensor([1, 0, 1])):  # neither bool nor float tensor
+        assert cache.attention_mask(mask, 2, True) is mask  # attention() then names the mistake
