@@ -236,7 +236,12 @@ def test_the_gpu_kernel_door_refuses_float64_and_head_dims_over_256():
 def test_the_gpu_kernel_door_refuses_cpu_tensors_unless_interpreted():
     from attn_lib._validate import check_triton_device
 
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     assert check_triton_device(torch.zeros(1), True) is None  # the interpreter runs on CPU tensors
+    with FakeTensorMode():  # a stand-in CUDA tensor, no GPU needed
+        on_gpu = torch.empty(1, device="cuda")
+    assert check_triton_device(on_gpu, False) is None  # compiled kernels take CUDA tensors
     for x in (torch.zeros(1), torch.zeros(1, device="meta")):
         with pytest.raises(ValueError, match=(
                 rf"^backend='triton' got tensors on {x.device}, but Triton in this process compiles GPU kernels \(a CUDA "
