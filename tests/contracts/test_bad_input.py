@@ -639,6 +639,8 @@ ROWS += [
     ("apply_rotary: D=5", lambda: apply_rotary(t(1, 1, 3, 5)), ValueError,
      r"^apply_rotary needs an even head dim D \(it rotates pairs of channels 2i, 2i\+1\), got D=5\. "
      r"Choose a head dim of 4 or 6\.$"),
+    ("apply_rotary: D=1", lambda: apply_rotary(t(1, 1, 3, 1)), ValueError,
+     r"got D=1\. Choose a head dim of 2 or"),  # the smallest even head dim, never 0
     ("apply_rotary: bool positions", lambda: apply_rotary(t(1, 1, 3, 4), torch.tensor([True, False, True])), TypeError,
      r"^positions must hold integers \(token indices\), got dtype torch\.bool; use torch\.arange\(L\) or positions\.long\(\)$"),
     ("apply_rotary: positions an int", lambda: apply_rotary(t(1, 1, 3, 4), 3), TypeError,
