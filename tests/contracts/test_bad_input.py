@@ -545,6 +545,144 @@ ROWS += [
 ]
 
 
+# --- messages pinned whole: the argument, the expected layout, what was found, the remedy ---------------
+# (An id must not contain "triton": the mutation run deselects those with -k "not triton"; the
+# Triton rows below raise at the door, before any kernel, so they run without a GPU.)
+def _mask_nan(*shape):
+    m = t(*shape)
+    m[(0,) * len(shape)] = float("nan")
+    return m
+
+
+def _tiny_call(ids=None, lengths=None, it_index=None):
+    ids = torch.zeros(2, 5, dtype=torch.int64) if ids is None else ids
+    lengths = torch.tensor([5, 5]) if lengths is None else lengths
+    it_index = torch.tensor([0, 1]) if it_index is None else it_index
+    return lambda: _tiny()(ids, lengths, it_index)
+
+
+def _train(**kw):
+    return lambda: tiny_model.train(_tiny(), _it_batch(), steps=0, **kw)  # steps=0: only the checks run
+
+
+ROWS += [
+    ("SelfAttention.from_matrices: w_q 1-D", lambda: SelfAttention.from_matrices(t(3), t(3, 2), t(3, 2)), ValueError,
+     r"^w_q must be 2-D \(C, d\), got 1-D with shape \(3,\)\.$"),
+    ("SelfAttention.from_matrices: w_k 3-D", lambda: SelfAttention.from_matrices(t(3, 2), t(3, 2, 1), t(3, 2)), ValueError,
+     r"^w_k must be 2-D \(C, d\), got 3-D with shape \(3, 2, 1\)\.$"),
+    ("SelfAttention.from_matrices: w_v 1-D", lambda: SelfAttention.from_matrices(t(3, 2), t(3, 2), t(3)), ValueError,
+     r"^w_v must be 2-D \(C, d\), got 1-D with shape \(3,\)\.$"),
+    ("SelfAttention: need_weights with torch", lambda: SelfAttention(4, backend="torch")(t(1, 3, 4), need_weights=True),
+     ValueError, r"^need_weights=True needs the attention scores, which backend='torch' never stores; build the layer "
+                 r"with backend='reference' or 'auto' \(the default\) to get them\.$"),
+    ("SelfAttention: nan in the float mask", lambda: SelfAttention(4)(t(1, 3, 4), mask=_mask_nan(1, 3, 3)), ValueError,
+     r"^an additive float mask may contain -inf \(hidden\) but not nan or \+inf$"),
+    ("SelfAttention: 3-D mask of another shape", lambda: SelfAttention(4)(t(2, 3, 4), mask=torch.ones(2, 2, 3, dtype=torch.bool)),
+     ValueError, r"^a 3-D mask means \(B, L, S\) = \(2, 3, 3\) .*got \(2, 2, 3\)\. For one mask per head pass 4-D "
+                 r"\(B, H, L, S\) = \(2, 1, 3, 3\); for one pattern for the whole batch pass 2-D \(L, S\)\.$"),
+    ("SelfAttention: float64 on the GPU kernel", lambda: SelfAttention(4, backend="triton").double()(
+        t(1, 3, 4, dtype=torch.float64)), TypeError,
+     r"^the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
+     r"\(got the layer's dtype torch\.float64\)$"),
+    ("SelfAttention: value head dim 300 on the GPU kernel", lambda: SelfAttention(4, 2, 300, backend="triton")(t(1, 3, 4)),
+     ValueError, r"^the Triton kernel supports head dims up to 256, got D=2, Dv=300; use backend='torch'$"),
+    ("SelfAttention: key head dim 300 on the GPU kernel", lambda: SelfAttention(4, 300, 2, backend="triton")(t(1, 3, 4)),
+     ValueError, r"^the Triton kernel supports head dims up to 256, got D=300, Dv=2; use backend='torch'$"),
+    ("MultiHeadAttention: kv_cache a dict", lambda: MultiHeadAttention(4, 2)(t(1, 2, 4), kv_cache={}),
+     TypeError, r"^kv_cache must be an attn_lib\.KVCache or None, got dict$"),
+    ("MultiHeadAttention: kv_cache with key and value", lambda: MultiHeadAttention(4, 2)(t(1, 2, 4), t(1, 3, 4), kv_cache=KVCache()),
+     ValueError, r"^kv_cache works with self-attention only: leave key and value as None$"),
+    ("MultiHeadAttention: kv_cache of another layer", lambda: _cache_of_another_layer(), ValueError,
+     r"^kv_cache already serves another layer; one cache serves one attention layer \(its keys and values come from "
+     r"that layer's projections\): give each layer its own KVCache, or call cache\.reset\(\) before reusing it$"),
+    ("KVCache: a batch of another size", lambda: _cache_with(B=2).append(*_kv(B=3)), ValueError,
+     r"^the cache holds a batch of B=2 sequences but the new keys have B=3; one cache serves one batch: call "
+     r"cache\.reset\(\) \(or use a new KVCache\) for another batch$"),
+    ("KVCache: another number of heads", lambda: _cache_with().append(t(2, 3, 1, 4), t(2, 3, 1, 4)), ValueError,
+     r"^the cache holds H=2 heads of D=4 \(values Dv=4\) but the new keys/values have H=3, D=4, Dv=4; one cache "
+     r"serves one attention layer$"),
+    ("KVCache: keys of another dtype", lambda: _cache_with().append(*_kv(dtype=torch.float64)), TypeError,
+     r"^the cache holds torch\.float32 but the new keys are torch\.float64; keep one dtype for a whole generation "
+     r"\(or cache\.reset\(\)\)$"),
+    ("KVCache: k a list", lambda: KVCache().append([1], t(1, 2, 3, 4)), TypeError,
+     r"^k must be a torch\.Tensor of shape \(B, H, S, D\), got list$"),
+    ("KVCache: v a list", lambda: KVCache().append(t(1, 2, 3, 4), [1]), TypeError,
+     r"^v must be a torch\.Tensor of shape \(B, H, S, D\), got list$"),
+    ("KVCache: k 2-D", lambda: KVCache().append(t(2, 3), t(1, 2, 3, 4)), ValueError,
+     r"^k must be 4-D \(B, H, S, D\), got 2-D with shape \(2, 3\)\."),
+    ("KVCache: v 3-D", lambda: KVCache().append(t(1, 2, 3, 4), t(1, 2, 3)), ValueError,
+     r"^v must be 4-D \(B, H, S, D\), got 3-D with shape \(1, 2, 3\)\."),
+    ("KVCache: int values", lambda: KVCache().append(t(1, 2, 3, 4), t(1, 2, 3, 4, dtype=torch.int64)), TypeError,
+     r"^v must be a floating-point tensor, got torch\.int64$"),
+    ("KVCache.attention_mask: L float", lambda: KVCache().attention_mask(None, 1.0, True), TypeError,
+     r"^L must be an int >= 0, got 1\.0 \(float\); use int\(1\.0\)$"),
+    ("numpy attention: int keys", natt(QN, a(1, 1, 3, 4, dtype=np.int64), QN), TypeError,
+     r"^k must be a floating-point array \(float16/float32/float64\), got int64; convert with k\.astype\(np\.float64\)$"),
+    ("numpy attention: torch values", natt(QN, QN, Q), TypeError, r"^v must be a numpy\.ndarray, got Tensor; wrap it with np\.asarray$"),
+    ("numpy attention: mask with a batch axis the scores lack",
+     natt(*(a(1, 2, 3, 4),) * 3, mask=np.ones((2, 1, 3, 3), dtype=bool)), ValueError,
+     r"^mask has shape \(2, 1, 3, 3\), which does not broadcast to the scores' shape \(B, H, L, S\) = \(1, 2, 3, 3\)\."),
+    ("numpy attention: mask +inf", natt(QN, QN, QN, mask=_inf(3, 3, torch_=False)), ValueError,
+     r"^an additive float mask may contain -inf \(hidden\) but not nan or \+inf$"),
+    ("numpy attention: scale of two elements", natt(QN, QN, QN, scale=np.ones((2, 1))), TypeError,
+     r"^scale must be a positive number or None, got array\(\[\[1\.\],\s+\[1\.\]\]\) \(ndarray\); e\.g\. scale=0\.125"),
+    ("numpy attention: scale of no elements", natt(QN, QN, QN, scale=np.ones((0,))), TypeError,
+     r"^scale must be a positive number or None, got array\(\[\], dtype=float64\) \(ndarray\)"),
+    ("sinusoidal_positions: int dtype", lambda: sinusoidal_positions(3, 4, dtype=torch.int64), TypeError,
+     r"^dtype must be a floating torch dtype, got torch\.int64$"),
+    ("sinusoidal_positions: dtype a string", lambda: sinusoidal_positions(3, 4, dtype="float32"), TypeError,
+     r"^dtype must be a floating torch dtype, got 'float32'$"),
+    ("apply_rotary: x a list", lambda: apply_rotary([1]), TypeError,
+     r"^x must be a torch\.Tensor of shape \(B, H, L, D\), got list$"),
+    ("apply_rotary: x 3-D", lambda: apply_rotary(t(1, 3, 4)), ValueError,
+     r"^x must be 4-D \(B, H, L, D\), got 3-D with shape \(1, 3, 4\)\. For a single head, add the head axis: x\.unsqueeze\(1\)\.$"),
+    ("apply_rotary: D=5", lambda: apply_rotary(t(1, 1, 3, 5)), ValueError,
+     r"^apply_rotary needs an even head dim D \(it rotates pairs of channels 2i, 2i\+1\), got D=5\. "
+     r"Choose a head dim of 4 or 6\.$"),
+    ("apply_rotary: D=1", lambda: apply_rotary(t(1, 1, 3, 1)), ValueError,
+     r"got D=1\. Choose a head dim of 2 or"),  # the smallest even head dim, never 0
+    ("apply_rotary: bool positions", lambda: apply_rotary(t(1, 1, 3, 4), torch.tensor([True, False, True])), TypeError,
+     r"^positions must hold integers \(token indices\), got dtype torch\.bool; use torch\.arange\(L\) or positions\.long\(\)$"),
+    ("apply_rotary: positions an int", lambda: apply_rotary(t(1, 1, 3, 4), 3), TypeError,
+     r"^positions must be a 1-D sequence of L ints or an int tensor, got 3$"),
+    ("apply_rotary: positions a string", lambda: apply_rotary(t(1, 1, 3, 4), "abc"), TypeError,
+     r"^positions must be a 1-D sequence of L ints or an int tensor, got 'abc'$"),
+    ("apply_rotary: a float among the positions", lambda: apply_rotary(t(1, 1, 3, 4), [0, 1.5, 2]), TypeError,
+     r"^positions must contain ints, got 1\.5$"),
+    ("apply_rotary: a bool among the positions", lambda: apply_rotary(t(1, 1, 3, 4), [0, True, 2]), TypeError,
+     r"^positions must contain ints, got True$"),
+    ("tiny_model.TinyItModel: ids a list", _tiny_call(ids=[[0] * 5] * 2), TypeError,
+     r"^ids must be a torch\.Tensor of shape \(B, L\), got list$"),
+    ("tiny_model.TinyItModel: ids 1-D", _tiny_call(ids=torch.zeros(5, dtype=torch.int64)), ValueError,
+     r"^ids must be 2-D \(B, L\), got 1-D with shape \(5,\)\.$"),
+    ("tiny_model.TinyItModel: lengths a list", _tiny_call(lengths=[5, 5]), TypeError,
+     r"^lengths must be a torch\.Tensor of shape \(B,\), got list$"),
+    ("tiny_model.TinyItModel: lengths 2-D", _tiny_call(lengths=torch.tensor([[5, 5]])), ValueError,
+     r"^lengths must be 1-D \(B,\), got 2-D with shape \(1, 2\)\.$"),
+    ("tiny_model.TinyItModel: float lengths", _tiny_call(lengths=torch.tensor([5.0, 5.0])), TypeError,
+     r"^lengths must hold integers, got dtype torch\.float32; convert with lengths\.long\(\)$"),
+    ("tiny_model.TinyItModel: it_index a list", _tiny_call(it_index=[0, 1]), TypeError,
+     r"^it_index must be a torch\.Tensor of shape \(B,\), got list$"),
+    ("tiny_model.TinyItModel: it_index 2-D", _tiny_call(it_index=torch.tensor([[0, 1]])), ValueError,
+     r"^it_index must be 1-D \(B,\), got 2-D with shape \(1, 2\)\.$"),
+    ("tiny_model.TinyItModel: bool it_index", _tiny_call(it_index=torch.tensor([False, True])), TypeError,
+     r"^it_index must hold integers, got dtype torch\.bool; convert with it_index\.long\(\)$"),
+    ("tiny_model.TinyItModel: it_index of another batch", _tiny_call(it_index=torch.tensor([0, 1, 1])), ValueError,
+     r"^ids, lengths and it_index must have the same batch size B, got 2, 2 and 3$"),
+    ("tiny_model.TinyItModel: lengths of another batch", _tiny_call(lengths=torch.tensor([5, 5, 5])), ValueError,
+     r"^ids, lengths and it_index must have the same batch size B, got 2, 3 and 2$"),
+    ("tiny_model.train: lr a string", _train(lr="0.1"), TypeError, r"^lr must be a positive number, got '0\.1' \(str\)$"),
+    ("tiny_model.train: lr a bool", _train(lr=True), TypeError, r"^lr must be a positive number, got True \(bool\)$"),
+    ("tiny_model.train: lr 0", _train(lr=0), ValueError, r"^lr must be finite and > 0, got 0$"),
+    ("tiny_model.train: lr inf", _train(lr=float("inf")), ValueError, r"^lr must be finite and > 0, got inf$"),
+    ("tiny_model.train: lr < 0", _train(lr=-0.5), ValueError, r"^lr must be finite and > 0, got -0\.5$"),
+    ("naive_softmax: numpy input", lambda: attn_lib.naive_softmax(np.zeros(3)), TypeError,
+     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
+    ("tiny_model.train: batch_size a float", _train(batch_size=2.0), TypeError,
+     r"^batch_size must be a positive int, got 2\.0 \(float\)"),
+]
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_gives_clear_error(row):
     _, call, exc, pattern = row

@@ -197,3 +197,56 @@ def test_the_triton_configuration_policy_is_pure_python():
             "print('triton' in sys.modules, cfg['BLOCK_M'] >= 16)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+# --- the GPU kernel's pure-Python rules (names avoid the word the mutation run deselects) -------------
+
+def test_the_dot_precision_rule():
+    """DOT_FP32 under the interpreter and for bfloat16 before sm_80; "ieee" for every fp32 dot."""
+    from attn_lib._numerics import dot_fp32, dot_input_precision
+
+    assert dot_fp32(torch.float16, None, 1) is True  # the interpreter, whatever the dtype (a bool, not 1)
+    assert dot_fp32(torch.bfloat16, (7, 5), False) is True  # bfloat16 on a pre-Ampere GPU
+    assert dot_fp32(torch.bfloat16, [7, 5], False) is True  # a capability given as a list
+    assert dot_fp32(torch.bfloat16, (8, 0), False) is False  # sm_80 has bfloat16 dots
+    assert dot_fp32(torch.bfloat16, None, False) is False  # no capability known
+    assert dot_fp32(torch.float16, (7, 0), False) is False  # float16 dots exist before sm_80
+    assert dot_fp32(torch.float32, (9, 0), False) is False
+    assert dot_input_precision(torch.float32, False) == "ieee"  # not the GPU's default TF32
+    assert dot_input_precision(torch.bfloat16, True) == "ieee"
+    assert dot_input_precision(torch.float16, False) is None
+    assert dot_input_precision(torch.bfloat16, False) is None
+
+
+def test_the_gpu_kernel_door_refuses_float64_and_head_dims_over_256():
+    from attn_lib._validate import check_triton_inputs
+
+    ok = torch.zeros(1, 1, 2, 256)
+    assert check_triton_inputs(ok, ok, ok) is None  # 256 is the largest head dim it takes
+    with pytest.raises(TypeError, match=r"^the Triton kernel takes float16, bfloat16 or float32; for float64 use "
+                                        r"backend='torch' \(got q\.dtype=torch\.float64\)$"):
+        check_triton_inputs(ok.double(), ok.double(), ok.double())
+    wide = torch.zeros(1, 1, 2, 257)
+    with pytest.raises(ValueError, match=r"^the Triton kernel supports head dims up to 256, got D=257, Dv=256; "
+                                         r"use backend='torch'$"):
+        check_triton_inputs(wide, wide, ok)
+    with pytest.raises(ValueError, match=r"got D=256, Dv=257; use backend='torch'$"):
+        check_triton_inputs(ok, ok, wide)
+
+
+def test_the_gpu_kernel_door_refuses_cpu_tensors_unless_interpreted():
+    from attn_lib._validate import check_triton_device
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert check_triton_device(torch.zeros(1), True) is None  # the interpreter runs on CPU tensors
+    with FakeTensorMode():  # a stand-in CUDA tensor, no GPU needed
+        on_gpu = torch.empty(1, device="cuda")
+    assert check_triton_device(on_gpu, False) is None  # compiled kernels take CUDA tensors
+    for x in (torch.zeros(1), torch.zeros(1, device="meta")):
+        with pytest.raises(ValueError, match=(
+                rf"^backend='triton' got tensors on {x.device}, but Triton in this process compiles GPU kernels \(a CUDA "
+                r"device is present\); expected CUDA tensors\. Remedy: move q, k, v \(and the mask\) to 'cuda', use "
+                r"backend='torch', or start Python with TRITON_INTERPRET=1 to run the kernel under Triton's "
+                r"interpreter\.$")):
+            check_triton_device(x, False)

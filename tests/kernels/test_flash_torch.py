@@ -159,3 +159,25 @@ def test_cpu_benchmark_cases_run_and_tabulate():
     assert table.count("\n") == 2 + 6 and "torch" in table.splitlines()[0]
     sdpa_rows = [line for line in table.splitlines() if " sdpa " in line]
     assert all(" 1.00 " in line for line in sdpa_rows)  # SDPA is the unit of the ratio column
+
+
+def test_the_counter_tallies_every_key_block_read():
+    """IOCounter: each of the ceil(L / block_m) query blocks reads every key block it needs."""
+    from attn_lib.io_model import IOCounter
+
+    B, H, L, S, D, Dv = 1, 2, 5, 7, 3, 4
+    q, k, v = torch.randn(B, H, L, D), torch.randn(B, H, S, D), torch.randn(B, H, S, Dv)
+    blocks = 3  # ceil(5 / 2) query blocks of block_m = 2
+    counter = IOCounter()
+    flash_attention_torch(q, k, v, block_m=2, block_n=4, counter=counter, key_padding_mask=torch.ones(B, S, dtype=torch.bool))
+    assert counter.reads["K"] == blocks * B * H * S * D  # 126
+    assert counter.reads["V"] == blocks * B * H * S * Dv  # 168
+    assert counter.reads["mask"] == blocks * B * H * S  # one bool per key
+    counter = IOCounter()
+    flash_attention_torch(q, k, v, block_m=2, block_n=4, counter=counter)
+    assert "mask" not in counter.reads
+    counter = IOCounter()
+    flash_attention_torch(q, k, v, block_m=2, block_n=4, counter=counter, is_causal=True)
+    # causal (top-left for L < S here): query rows 0-1 need keys 0..1, rows 2-3 keys 0..3, row 4 keys 0..4
+    assert counter.reads["K"] == (2 + 4 + 5) * B * H * D
+    assert counter.reads["V"] == (2 + 4 + 5) * B * H * Dv

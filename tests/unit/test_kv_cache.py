@@ -79,3 +79,54 @@ def test_attention_mask_on_an_empty_cache():
     assert cache.attention_mask(None, 0, False) is None
     cache.append(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))
     torch.testing.assert_close(cache.attention_mask(None, 2, True), causal_mask(2, 3, align="bottom-right"))
+
+
+def _cache(S, device="cpu"):
+    cache = KVCache()
+    cache.append(torch.zeros(1, 1, S, 2, device=device), torch.zeros(1, 1, S, 3, device=device))
+    return cache
+
+
+def test_an_empty_cache_holds_nothing_and_says_so():
+    cache = KVCache()
+    assert cache.keys is None and cache.values is None  # the documented "None while empty"
+    assert cache.numel() == 0 and len(cache) == 0
+    assert repr(cache) == "KVCache(length=0, keys=None)"
+    cache = _cache(4)
+    assert cache.numel() == 1 * 1 * 4 * 2 + 1 * 1 * 4 * 3  # keys B·H·S·D plus values B·H·S·Dv
+    assert repr(cache) == "KVCache(length=4, keys=(1, 1, 4, 2))"
+
+
+def test_attention_mask_combines_a_bool_mask_with_the_bottom_right_causal_mask():
+    cache = _cache(3)
+    keep = torch.tensor([True, False, True])  # (S,) key padding: key 1 is hidden
+    # two new queries are positions 1 and 2 of 3: query 1 sees keys 0..1, query 2 sees 0..2
+    expected = torch.tensor([[True, False, False], [True, False, True]])
+    got = cache.attention_mask(keep, 2, True)
+    assert got.dtype == torch.bool
+    assert torch.equal(got, expected)
+    assert cache.attention_mask(keep, 2, False) is keep  # not causal: the mask unchanged
+
+
+def test_attention_mask_puts_minus_inf_above_the_diagonal_of_a_float_mask():
+    cache = _cache(3)
+    bias = torch.tensor([[0.5, -1.0, 2.0], [0.25, 0.0, -3.0]])  # (L,S) additive
+    inf = float("-inf")
+    expected = torch.tensor([[0.5, -1.0, inf], [0.25, 0.0, -3.0]])
+    got = cache.attention_mask(bias, 2, True)
+    assert torch.equal(got, expected)
+    assert torch.equal(bias, torch.tensor([[0.5, -1.0, 2.0], [0.25, 0.0, -3.0]]))  # the caller's mask untouched
+
+
+def test_attention_mask_is_built_on_the_device_of_the_cache_or_of_the_mask():
+    meta = torch.device("meta")  # a device other than the CPU that every machine has
+    assert _cache(3, device=meta).attention_mask(None, 2, True).device == meta
+    for mask in (torch.ones(1, 1, 1, 0, dtype=torch.bool, device=meta), torch.zeros(1, 1, 1, 0, device=meta)):
+        got = KVCache().attention_mask(mask, 0, True)  # an empty cache: the mask's device
+        assert got.device == meta and got.shape == (1, 1, 0, 0)
+
+
+def test_attention_mask_hands_a_mask_it_cannot_combine_to_attention_unchanged():
+    cache = _cache(3)
+    for mask in ([[True, False, True]], torch.tensor([1, 0, 1])):  # neither bool nor float tensor
+        assert cache.attention_mask(mask, 2, True) is mask  # attention() then names the mistake

@@ -116,3 +116,13 @@ def test_online_functions_on_any_leading_axes(shape):
     out16 = attn_lib.online_weighted_sum(x16, v16, 4)
     assert out16.dtype == torch.float16
     assert_close(out16, (torch.softmax(x16.double(), -1)[..., None, :] @ v16.double())[..., 0, :], dtype="float16")
+
+
+def test_online_weighted_sum_of_no_keys_is_zeros_on_the_device_of_x():
+    from attn_lib.online import online_weighted_sum
+
+    got = online_weighted_sum(torch.zeros(2, 0), torch.zeros(2, 0, 3), 2)  # S = 0: no finite score in any row
+    assert torch.equal(got, torch.zeros(2, 3))
+    meta = torch.device("meta")  # a device other than the CPU that every machine has
+    got = online_weighted_sum(torch.zeros(2, 0, device=meta), torch.zeros(2, 0, 3, device=meta), 2)
+    assert got.device == meta and got.shape == (2, 3)

@@ -166,3 +166,46 @@ def test_cache_scores_count_grows_linearly(rng):
                           need_weights=True)
         counts.append(scores.numel())
     assert counts == [3 * (t + 1) for t in range(6)]  # H = 3 heads, one query, t + 1 keys
+
+
+# --- valid inputs next to the refused ones (the bad-input rows only show what is refused) --------------
+
+def test_sinusoidal_positions_take_any_positive_base():
+    got = sinusoidal_positions(3, 4, base=0.5, dtype=torch.float64)  # a base below 1 is finite and > 0
+    for pos in range(3):
+        angle = pos / 0.5 ** (2 / 4)  # column 2: 2i = 2 of d = 4
+        assert abs(float(got[pos, 2]) - math.sin(angle)) <= F64["atol"] + F64["rtol"], pos
+        assert abs(float(got[pos, 3]) - math.cos(angle)) <= F64["atol"] + F64["rtol"], pos
+
+
+def test_apply_rotary_puts_the_positions_on_the_device_of_x():
+    meta = torch.device("meta")  # a device other than the CPU that every machine has
+    x = torch.zeros(2, 1, 3, 4, device=meta)
+    for positions in ([0, 1, 2], torch.tensor([0, 1, 2]), torch.tensor([[0, 1, 2], [5, 6, 7]], dtype=torch.int32)):
+        got = apply_rotary(x, positions)  # positions given on the CPU (or as a list)
+        assert got.device == meta and got.shape == x.shape
+
+
+def _tiny(positions, max_len):
+    torch.manual_seed(0)
+    return tiny_model.TinyItModel(len(attn_lib.it_data.VOCAB), len(attn_lib.it_data.OBJECTS), positions=positions,
+                                  max_len=max_len)
+
+
+def test_tiny_model_takes_a_sentence_as_long_as_its_position_table():
+    model = _tiny("sinusoidal", 5)
+    scores, weights = model(torch.zeros(2, 5, dtype=torch.int64), torch.tensor([5, 4]), torch.tensor([0, 1]))
+    assert scores.shape == (2, len(attn_lib.it_data.OBJECTS)) and weights.shape[-2:] == (5, 5)
+
+
+def test_a_rope_tiny_model_has_no_position_table_to_outgrow():
+    model = _tiny("rope", 4)  # max_len sizes only the sinusoidal table
+    scores, weights = model(torch.zeros(2, 6, dtype=torch.int64), torch.tensor([6, 6]), torch.tensor([0, 1]))
+    assert scores.shape == (2, len(attn_lib.it_data.OBJECTS)) and weights.shape[-2:] == (6, 6)
+
+
+def test_train_takes_a_learning_rate_below_one_and_returns_one_loss_per_step():
+    data = attn_lib.it_data.encode(attn_lib.it_data.make_split("train", 8))
+    losses = tiny_model.train(_tiny("sinusoidal", 64), data, steps=2, batch_size=4, lr=0.5)
+    assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
+    assert tiny_model.train(_tiny("sinusoidal", 64), data, steps=0, batch_size=1, lr=3) == []  # an int lr, no step
