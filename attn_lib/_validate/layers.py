@@ -109,7 +109,7 @@ def check_layer_mask(mask, B: int, H: int, L: int, S: int, device, *, backend: s
     if mask is None:
         return
     if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[1] not in (1, H):
-        raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected 1 or {H}")
+        raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected {'1' if H == 1 else f'1 or {H}'}")
     if isinstance(mask, torch.Tensor) and mask.ndim == 3 and (mask.dtype == torch.bool or mask.is_floating_point()):
         try:
             check_mask_shape(mask, (B, L, S))

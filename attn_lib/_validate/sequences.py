@@ -45,7 +45,7 @@ def check_rotary_args(x, positions, base) -> tuple[torch.Tensor | None, float]:
     if D % 2:
         raise ValueError(
             f"apply_rotary needs an even head dim D (it rotates pairs of channels 2i, 2i+1), got D={D}. "
-            f"Choose a head dim of {D - 1 or 2} or {D + 1}."
+            f"Choose a head dim of {f'{D - 1} or {D + 1}' if D > 1 else 2}."
         )
     base = check_base(base)
     return (None if positions is None else _positions(positions, B, L, x.device)), base

@@ -270,6 +270,8 @@ if hasattr(attn_lib, "MultiHeadAttention"):
         ("LoopedMultiHeadAttention: mask heads", mha(X, mask=torch.ones(2, 3, 3, 3, dtype=torch.bool), layer=LoopedMultiHeadAttention),
          ValueError, r"mask has 3 heads on axis 1, expected 1 or 2"),
         ("SelfAttention: d_k 0", lambda: SelfAttention(4, 0), ValueError, r"d_k must be a positive int, got 0"),
+        ("SelfAttention: mask heads", lambda: SelfAttention(4)(torch.randn(2, 3, 4), mask=torch.ones(2, 2, 3, 3, dtype=torch.bool)),
+         ValueError, r"mask has 2 heads on axis 1, expected 1$"),  # one head: the one allowed size, named once
         ("SelfAttention: x 2-D", lambda: SelfAttention(4)(t(3, 4)), ValueError, r"x must be 3-D \(B, L, C\), got 2-D.*x.unsqueeze\(0\)"),
         ("SelfAttention: last dim", lambda: SelfAttention(4)(t(1, 3, 5)), ValueError, r"x has last dimension 5 .*d_model is 4"),
         ("SelfAttention: dtype", lambda: SelfAttention(4).double()(t(1, 5, 4)), TypeError,
@@ -640,7 +642,7 @@ ROWS += [
      r"^apply_rotary needs an even head dim D \(it rotates pairs of channels 2i, 2i\+1\), got D=5\. "
      r"Choose a head dim of 4 or 6\.$"),
     ("apply_rotary: D=1", lambda: apply_rotary(t(1, 1, 3, 1)), ValueError,
-     r"got D=1\. Choose a head dim of 2 or"),  # the smallest even head dim, never 0
+     r"got D=1\. Choose a head dim of 2\.$"),  # the smallest even head dim, named once
     ("apply_rotary: bool positions", lambda: apply_rotary(t(1, 1, 3, 4), torch.tensor([True, False, True])), TypeError,
      r"^positions must hold integers \(token indices\), got dtype torch\.bool; use torch\.arange\(L\) or positions\.long\(\)$"),
     ("apply_rotary: positions an int", lambda: apply_rotary(t(1, 1, 3, 4), 3), TypeError,
