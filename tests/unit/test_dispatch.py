@@ -1,12 +1,14 @@
 """attn_lib._dispatch.attend, the one place a layer's attention is dispatched: every backend against
 attn_lib.attention given the same explicit mask (float64), with causal offsets, bool and additive
 masks, rows that see no key, and overflow."""
+import contextlib
 import math
 
 import pytest
 import torch
 
 import attn_lib
+import attn_paths
 from attn_lib._dispatch import BACKENDS, attend, layer_mask
 
 F64 = attn_lib.tolerance(torch.float64)
@@ -93,3 +95,82 @@ def test_layer_mask_gives_every_layout_its_meaning():
     assert layer_mask(torch.ones(L, S, dtype=torch.bool)).shape == (1, 1, L, S)
     assert layer_mask(torch.ones(B, L, S, dtype=torch.bool)).shape == (B, 1, L, S)  # (B, L, S), not (H, L, S)
     assert layer_mask(torch.ones(B, 2, L, S, dtype=torch.bool)).shape == (B, 2, L, S)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "torch"])
+def test_attend_honours_a_scale_that_is_not_the_default(backend):
+    q, k, v = _qkv(D=4)  # default scale 0.5
+    out, _ = attend(q, k, v, None, is_causal=True, scale=0.3, need_weights=False, backend=backend, check_finite=True)
+    want, _ = attn_lib.attention(q, k, v, is_causal=True, scale=0.3)
+    torch.testing.assert_close(out, want, **F64)
+    assert (out - attn_lib.attention(q, k, v, is_causal=True)[0]).abs().max() > attn_paths.DISTINGUISHABLE
+
+
+def _one_hot_qkv():
+    """float32 scores near the range's edge: each query's output is the value of its best visible key."""
+    q = torch.zeros(1, 1, 2, 4)
+    q[..., 0] = 1.5e19
+    k = torch.zeros(1, 1, 3, 4)
+    k[0, 0, :, 0] = torch.tensor([1.5e19, 0.5e19, 1e19])  # q.k = 2.25e38, 0.75e38, 1.5e38: finite in float32
+    v = torch.eye(3, 4)[None, None]  # (1,1,3,4): value j is the j-th unit vector
+    return q, k, v
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "auto"])
+def test_sdpa_near_the_overflow_bound_keeps_the_mask_and_the_causal_rule(backend):
+    # |q.k| may reach scale * D * max|q| * max|k| = 4.5e38 > float32's max: this call takes the reference core
+    q, k, v = _one_hot_qkv()
+    mask = torch.tensor([[True, True, True], [False, True, True]])[None, None]  # query 1 may not see key 0
+    out, _ = attend(q, k, v, mask, is_causal=True, scale=0.5, need_weights=False, backend=backend, check_finite=True)
+    # query 0 sees key 0 only; query 1 sees key 1 (key 0 masked, key 2 in its future)
+    torch.testing.assert_close(out[0, 0], v[0, 0, [0, 1]], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel", ["default", "math"])
+def test_sdpa_raises_where_the_reference_raises(kernel):
+    # q.k = 4e38 overflows float32 before the scale 0.5 brings it back in range: attention raises, and so
+    # must the fused path, whichever kernel torch picks. Torch's math kernel folds the scale into q and k
+    # first and would return a finite answer (1, 0, 0, 0); its default CPU kernel gives nan.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.zeros(1, 1, 1, 4)
+    q[..., 0] = 2e19
+    k = torch.zeros(1, 1, 2, 4)
+    k[0, 0, 0, 0] = 2e19
+    v = torch.eye(2, 4)[None, None]
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        attn_lib.attention(q, k, v, scale=0.5)
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        with sdpa_kernel(SDPBackend.MATH) if kernel == "math" else contextlib.nullcontext():
+            attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
+
+
+def test_a_float_mask_is_added_in_the_working_dtype_whatever_its_dtype():
+    q, k, v = _qkv(B=1, L=3, S=4)
+    huge = torch.full((1, 1, 3, 4), -1e300, dtype=torch.float64)  # finite in float64, -inf in float32
+    huge[..., 1, :2] = 0.0  # row 1 sees keys 0 and 1; rows 0 and 2 see every key equally (-1e300 each)
+    out, _ = attend(q, k, v, huge, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
+    want, _ = attn_lib.attention(q, k, v, mask=huge)
+    torch.testing.assert_close(out, want, **F64)
+    torch.testing.assert_close(out[:, :, 0], v.mean(2), **F64)  # a uniform average, not a dead row's zeros
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    mask64 = torch.zeros(1, 1, 3, 4, dtype=torch.float64)
+    mask64[..., 0] = float("-inf")
+    out32, _ = attend(q32, k32, v32, mask64, is_causal=False, scale=0.5, need_weights=False, backend="sdpa",
+                      check_finite=True)
+    torch.testing.assert_close(out32, attn_lib.attention(q32, k32, v32, mask=mask64.float())[0],
+                               **attn_lib.tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "torch"])
+def test_attend_builds_its_masks_on_the_input_device(backend):
+    # Under a "meta" default device every tensor created without an explicit device lands on meta:
+    # the result then differs (or the call fails). On a GPU the same slip would put a mask on the CPU.
+    q, k, v = _qkv()
+    pad = attn_lib.padding_mask([7, 3], 7)  # (B,1,1,S)
+    want, _ = attend(q, k, v, pad, is_causal=True, causal_offset=1, scale=0.5, need_weights=False, backend=backend,
+                     check_finite=True)
+    with torch.device("meta"):
+        out, _ = attend(q, k, v, pad, is_causal=True, causal_offset=1, scale=0.5, need_weights=False,
+                        backend=backend, check_finite=True)
+    assert out.device == q.device
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
