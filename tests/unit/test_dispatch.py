@@ -174,3 +174,17 @@ def test_attend_builds_its_masks_on_the_input_device(backend):
                         backend=backend, check_finite=True)
     assert out.device == q.device
     torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+def test_sdpa_raises_where_the_reference_raises_at_the_bound_itself():
+    # scale * D * max|q| * max|k| equals float32's max exactly; q.k = 2 * max overflows in the reference's
+    # order (product, then scale) and not in the math kernel's (scale folded in first): the fused path raises.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.tensor([torch.finfo(torch.float32).max]).view(1, 1, 1, 1)
+    k = torch.tensor([2.0, 0.0]).view(1, 1, 2, 1)
+    v = torch.eye(2).view(1, 1, 2, 2)
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        attn_lib.attention(q, k, v, scale=0.5)
+    with pytest.raises(ValueError, match="attention scores overflowed"), sdpa_kernel(SDPBackend.MATH):
+        attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
