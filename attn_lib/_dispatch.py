@@ -85,9 +85,13 @@ def _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, nee
 
 
 def _may_overflow(q, k, scale: float) -> bool:
-    """Whether some scale·q·k could leave the working dtype's range: |q·k| <= D·max|q|·max|k|."""
+    """Whether q·k or scale·q·k could leave the working dtype's range: |q·k| <= D·max|q|·max|k|.
+
+    The reference multiplies by the scale after the product, so with scale < 1 the product itself may
+    overflow; SDPA's kernels may fold the scale in first and not overflow. Either way the reference decides.
+    """
     q_max, k_max = torch.stack([q.abs().amax(), k.abs().amax()]).double().tolist()  # one host sync
-    return scale * q.shape[-1] * q_max * k_max >= torch.finfo(work_dtype(q.dtype)).max
+    return max(scale, 1.0) * q.shape[-1] * q_max * k_max >= torch.finfo(work_dtype(q.dtype)).max
 
 
 def _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite):

@@ -188,3 +188,53 @@ def test_sdpa_raises_where_the_reference_raises_at_the_bound_itself():
         attn_lib.attention(q, k, v, scale=0.5)
     with pytest.raises(ValueError, match="attention scores overflowed"), sdpa_kernel(SDPBackend.MATH):
         attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
+
+
+def test_sdpa_raises_where_the_reference_raises_with_a_small_scale():
+    # q.k = 2e39 overflows float32 although scale * q.k = 2e38 fits: attention raises (it scales after the
+    # product); under the math kernel (scale folded in first) torch alone would return a finite answer.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.tensor([4e19]).view(1, 1, 1, 1)
+    k = torch.tensor([5e19, 0.0]).view(1, 1, 2, 1)
+    v = torch.eye(2).view(1, 1, 2, 2)
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        attn_lib.attention(q, k, v, scale=0.1)
+    with pytest.raises(ValueError, match="attention scores overflowed"), sdpa_kernel(SDPBackend.MATH):
+        attend(q, k, v, None, is_causal=False, scale=0.1, need_weights=False, backend="sdpa", check_finite=True)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_sdpa_gives_zeros_where_a_kernel_leaves_nan_in_a_row_that_sees_no_key(kind, monkeypatch):
+    # torch 2.13's CPU kernels already give zeros there; other kernels and older releases leave nan
+    # (emulated here): the library's rule (zeros) must not depend on which.
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def leaves_nan(q, k, v, attn_mask=None, **kw):
+        out = real(q, k, v, attn_mask=attn_mask, **kw)
+        blind = ~attn_mask.any(-1, keepdim=True) if attn_mask.dtype == torch.bool else \
+            torch.isneginf(attn_mask).all(-1, keepdim=True)
+        return out.masked_fill(blind, float("nan"))
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", leaves_nan)
+    q, k, v = _qkv(B=1, H=1, L=3, S=4)
+    keep = torch.tensor([[True, False, True, False], [False] * 4, [True] * 4])[None, None]  # row 1 sees no key
+    mask = keep if kind == "bool" else attn_lib.bool_to_additive(keep, torch.float64)
+    out, _ = attend(q, k, v, mask, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
+    assert (out[:, :, 1] == 0).all()
+    torch.testing.assert_close(out, attn_lib.attention(q, k, v, mask=keep)[0], **F64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sdpa_raises_when_an_additive_mask_pushes_a_score_to_inf(dtype):
+    big = torch.finfo(dtype).max * 0.9
+    q, k = torch.ones(1, 1, 2, 1, dtype=dtype), torch.ones(1, 1, 3, 1, dtype=dtype)
+    v = torch.ones(1, 1, 3, 1, dtype=dtype)  # Dv = 1: the check reads one entry per output row
+    mask = torch.zeros(1, 1, 2, 3, dtype=dtype)
+    mask[..., 1, 2] = big
+    k[..., 2, 0] = big  # score 0.5 * big (within the overflow bound), plus big: +inf, for query 1 only
+    name = str(dtype).replace("torch.", "")
+    with pytest.raises(ValueError, match=f"attention scores overflowed.*range of {name}"):
+        attn_lib.attention(q, k, v, mask=mask, scale=0.5)
+    with pytest.raises(ValueError, match=f"attention scores overflowed.*range of {name}"):
+        attend(q, k, v, mask, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
