@@ -684,6 +684,40 @@ ROWS += [
      r"^batch_size must be a positive int, got 2\.0 \(float\)"),
 ]
 
+# The layer door, once per mistake ("GPU kernel" = backend "triton"; see the note above on ids).
+_KEYS3 = torch.tensor([True, True, False])
+ROWS += [
+    ("MultiHeadAttention: float64 on the GPU kernel", lambda: MultiHeadAttention(8, 2, backend="triton").double()(
+        t(1, 3, 8, dtype=torch.float64)), TypeError,
+     r"^the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
+     r"\(got the layer's dtype torch\.float64\)$"),
+    ("MultiHeadAttention: head dim 300 on the GPU kernel", lambda: MultiHeadAttention(600, 2, backend="triton")(t(1, 3, 600)),
+     ValueError, r"^the Triton kernel supports head dims up to 256, got D=300, Dv=300; use backend='torch'$"),
+    ("MultiHeadAttention: a pattern mask on the GPU kernel", lambda: MultiHeadAttention(8, 2, backend="triton")(
+        t(1, 3, 8), mask=torch.ones(3, 3, dtype=torch.bool)), ValueError,
+     r"^mask must be a bool key padding mask \(B, 1, 1, S\) or \(B, 1, S\) for backend='triton' \(e\.g\. "
+     r"attn_lib\.padding_mask\(lengths\); is_causal is applied separately\), got torch\.bool of shape \(3, 3\); "
+     r"use backend='sdpa' or 'reference' for other masks\.$"),
+    ("MultiHeadAttention: an additive key padding mask on the tiled path", lambda: MultiHeadAttention(8, 2, backend="torch")(
+        t(1, 3, 8), mask=attn_lib.bool_to_additive(_KEYS3)[None, None, None]), ValueError,
+     r"^mask must be a bool key padding mask .* for backend='torch' .*got torch\.float32 of shape \(1, 1, 1, 3\)"),
+    ("MultiHeadAttention: a per-head key padding mask on the tiled path", lambda: MultiHeadAttention(8, 2, backend="torch")(
+        t(1, 3, 8), mask=_KEYS3.expand(1, 2, 1, 3)), ValueError,
+     r"^mask must be a bool key padding mask .* for backend='torch' .*got torch\.bool of shape \(1, 2, 1, 3\)"),
+    ("MultiHeadAttention: kv_cache with another value", lambda: (lambda x: MultiHeadAttention(4, 2)(
+        x, x, t(1, 2, 4), kv_cache=KVCache()))(t(1, 2, 4)), ValueError,
+     r"^kv_cache works with self-attention only: leave key and value as None$"),
+    ("MultiHeadAttention: int input", lambda: MultiHeadAttention(4, 2)(torch.zeros(1, 2, 4, dtype=torch.int64)), TypeError,
+     r"^query must be a floating-point tensor, got torch\.int64; convert with query\.to\(torch\.float32\)$"),
+    ("tiny_model.RotaryMultiHeadAttention: a key", lambda: tiny_model.RotaryMultiHeadAttention(8, 2)(t(1, 3, 8), t(1, 3, 8)),
+     ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
+    ("tiny_model.RotaryMultiHeadAttention: a value", lambda: tiny_model.RotaryMultiHeadAttention(8, 2)(t(1, 3, 8), None, t(1, 3, 8)),
+     ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
+    ("tiny_model.RotaryMultiHeadAttention: odd head dim, the suggestion", lambda: tiny_model.RotaryMultiHeadAttention(6, 2),
+     ValueError, r"^head dim D = d_model / num_heads must be even for rotary positions \(RoPE rotates pairs of "
+                 r"channels\), got D=3; choose d_model and num_heads with an even D, e.g\. d_model=8$"),
+]
+
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_gives_clear_error(row):

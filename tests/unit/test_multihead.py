@@ -257,3 +257,29 @@ def test_default_and_flash_reprs():
     assert "backend" not in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
     assert "head_dim=4, is_causal=False\n" in repr(attn_lib.LoopedMultiHeadAttention(8, 2))
     assert "head_dim=4, is_causal=False, backend='torch'\n" in repr(attn_lib.MultiHeadAttention(8, 2, backend="torch"))
+
+
+def test_an_odd_head_dim_is_fine_without_rotary_positions():
+    layer = MultiHeadAttention(6, 2)  # D = 3: only RoPE needs an even head dim
+    assert layer.head_dim == 3 and layer(torch.zeros(1, 2, 6)).shape == (1, 2, 6)
+
+
+def test_a_1d_key_padding_mask_works_on_the_tiled_path():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(8, 2).double()
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    keys = torch.tensor([True, False, True])  # (S,): the same keys for the whole batch
+    tiled = MultiHeadAttention(8, 2, backend="torch").double()
+    tiled.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(tiled(x, mask=keys), layer(x, mask=keys), **attn_lib.tolerance(torch.float64))
+
+
+def test_the_gpu_kernel_door_on_a_cpu(monkeypatch):
+    from attn_lib._validate.layers import check_flash_inputs
+
+    x = torch.zeros(1, 3, 512)
+    assert attn_lib.device.triton_interprets()  # CPU only: the kernels run under Triton's interpreter
+    assert check_flash_inputs("triton", x, 256, 256) is None  # the largest head dim, CPU tensors: accepted
+    monkeypatch.setattr(attn_lib.device, "triton_interprets", lambda: False)  # as with a CUDA device present
+    with pytest.raises(ValueError, match=r"^backend='triton' got tensors on cpu, but Triton in this process compiles"):
+        check_flash_inputs("triton", x, 4, 4)
