@@ -22,7 +22,8 @@ import torch
 
 from ._band import band, band_mask
 from ._numerics import overflow_error, resolve_scale, work_dtype
-from ._validate import check_attention_inputs, check_bool, check_mask, check_window_size  # noqa: F401  (check_mask: the layers)
+from ._validate import check_mask  # noqa: F401  (the layers import it from here)
+from ._validate import check_attention_inputs, check_bool, check_window_size
 from .stable_softmax import softmax_with_max
 
 
