@@ -8,6 +8,11 @@ accumulates dV_j, dK_j (and dQ_i, which on a GPU is the separate ``_attn_bwd_dq`
     dV_j += P_ijᵀ dO_i,  dP_ij = dO_i V_jᵀ,  dS_ij = P_ij ∘ (dP_ij − D_i),
     dQ_i += dS_ij K_j · scale,  dK_j += dS_ijᵀ Q_i · scale
 
+With grouped-query attention the G query heads of a group are rows of one tile against their
+shared key/value head, so ``dK_j += dS_ijᵀ Q_i`` sums over the group inside the product (no
+repeated K or V). With a sliding window, query blocks outside the band of a key block are
+skipped (``attn_lib._band.query_range``): the cost is O(L·window).
+
 The forward is chapter 8's ``attn_lib.flash_torch``; ``attn_lib.flash_attention`` joins the
 two into one differentiable function.
 """
