@@ -56,11 +56,11 @@ def _group_rows(x, Hkv: int):
     return x.reshape(B, Hkv, G, L, X).transpose(2, 3).reshape(B * Hkv, L * G, X)  # (B,H,L,X) -> (B*H_kv,L*G,X)
 
 
-def _ungroup_rows(x, B: int, Hkv: int, L: int):
+def _ungroup_rows(x, B: int, Hkv: int, G: int, L: int):
     """_group_rows 的逆：(B·H_kv, L·G, X) -> (B, H, L, X)（X 可省略：(B·H_kv, L·G) -> (B, H, L)）。"""
     squeeze = x.ndim == 2
     x = x.unsqueeze(-1) if squeeze else x  # (B*H_kv,L*G) -> (B*H_kv,L*G,1)
-    G, X = (x.shape[1] // L if L else 1), x.shape[2]
+    X = x.shape[2]
     y = x.view(B, Hkv, L, G, X).transpose(2, 3).reshape(B, Hkv * G, L, X)  # (B*H_kv,L*G,X) -> (B,H,L,X)
     return y.squeeze(-1) if squeeze else y  # (B,H,L,1) -> (B,H,L)
 
@@ -99,7 +99,7 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
         if counter is not None:
             counter.store("O", BK * G * (m1 - m0) * Dv)
             counter.store("lse", BK * G * (m1 - m0))
-    return _ungroup_rows(out, B, Hkv, L).to(q.dtype), _ungroup_rows(lse, B, Hkv, L)  # (B,H,L,Dv), (B,H,L)
+    return _ungroup_rows(out, B, Hkv, G, L).to(q.dtype), _ungroup_rows(lse, B, Hkv, G, L)  # (B,H,L,Dv), (B,H,L)
 
 
 def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, factor, band, group, block_n, counter):

@@ -104,7 +104,7 @@ def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale,
         n1 = min(n0 + block_n, n_end)
         dK[:, n0:n1], dV[:, n0:n1] = _backward_key_block(K[:, n0:n1], V[:, n0:n1], n0, **ctx)  # (BK,bn,D), (BK,bn,Dv)
     dQ = torch.cat(dQ_blocks, dim=1) if dQ_blocks else torch.zeros(BK, L * G, D, dtype=work, device=dev)  # (BK,L*G,D)
-    dq = _ungroup_rows(dQ * scale, B, Hkv, L).to(q.dtype)  # (B*H_kv,L*G,D) -> (B,H,L,D)
+    dq = _ungroup_rows(dQ * scale, B, Hkv, G, L).to(q.dtype)  # (B*H_kv,L*G,D) -> (B,H,L,D)
     dk = (dK * scale).view(B, Hkv, S, D).to(k.dtype)  # (B*H_kv,S,D) -> (B,H_kv,S,D)
     dv = dV.view(B, Hkv, S, Dv).to(v.dtype)  # (B*H_kv,S,Dv) -> (B,H_kv,S,Dv)
     return dq, dk, dv

@@ -199,3 +199,15 @@ def test_no_score_matrix_and_no_repeated_k_v_are_allocated():
     assert largest <= bound < B * H * S * D == B * H * L * S  # 2x below the repeated K and the scores
     _, naive = largest_tensor(attn_lib.attention, q.detach(), k.detach(), v.detach(), enable_gqa=True)
     assert naive >= B * H * L * S  # the spy does see a (B, H, L, S) tensor where one is made
+
+
+@pytest.mark.parametrize("sizes", [(2, 0, 5), (2, 5, 0), (0, 4, 4), (2, 0, 0)], ids=ids)
+def test_empty_sizes_keep_the_query_heads(sizes):
+    """No query, no key or no batch: shapes still follow q's H heads and k's H_kv heads (no crash in the views)."""
+    B, L, S = sizes
+    q, k, v = qkv(B, 6, 2, L, S, requires_grad=True)
+    out = flash_attention(q, k, v, backend="torch", enable_gqa=True, window_size=(2, 0))
+    ref, _ = attn_lib.attention(q, k, v, enable_gqa=True, window_size=(2, 0))
+    assert out.shape == ref.shape == (B, 6, L, 10) and torch.equal(out, ref)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
