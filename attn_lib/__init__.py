@@ -24,7 +24,7 @@ from .naive import naive_attention
 from .kv_cache import KVCache
 from .io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
 from .lookup import hard_lookup, soft_lookup
-from .masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
+from .masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask, sliding_window_mask
 from .multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
 from .positions import apply_rotary, sinusoidal_positions
 from .online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
@@ -67,6 +67,7 @@ __all__ = [
     "padding_mask",
     "bool_to_additive",
     "additive_to_bool",
+    "sliding_window_mask",  # 滑动窗口那一章
     # 第 7 章 多头注意力
     "MultiHeadAttention",
     "LoopedMultiHeadAttention",

@@ -66,22 +66,27 @@ def overflow_error(dtype: Any) -> ValueError:
     )
 
 
-def rows_with_keys(L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, device):
-    """哪些查询行至少看得见一个键：（B 或 1, 1, L）布尔张量（只读掩码，不读 q、k、v）。"""
+def rows_with_keys(L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, device, *,
+                   window_size=(-1, -1)):
+    """哪些查询行至少看得见一个键：（B 或 1, 1, L）布尔张量（只读掩码，不读 q、k、v）；因果规则和滑动窗口合成一条带。"""
     import torch
 
+    from ._band import band
+
+    lo, hi = band(is_causal, window_size, causal_offset)
     i = torch.arange(L, device=device)  # (L,)
-    limit = (i + causal_offset + 1).clamp(0, S) if is_causal else torch.full_like(i, S)  # (L,) sees keys < limit
+    start = torch.zeros_like(i) if lo is None else (i + lo).clamp(0, S)  # (L,) first visible key
+    end = torch.full_like(i, S) if hi is None else (i + hi + 1).clamp(0, S)  # (L,) sees keys < end
     if key_padding_mask is None:
-        return (limit > 0)[None, None, :]  # (L,) -> (1,1,L)
-    if S == 0:
-        return torch.zeros(key_padding_mask.shape[0], 1, L, dtype=torch.bool, device=device)  # (B,1,L)
-    present = key_padding_mask.to(torch.int32).cumsum(-1)  # (B,S) present keys among 0..j
-    seen = present.gather(1, (limit - 1).clamp(min=0).expand(present.shape[0], L))  # (B,S) -> (B,L)
-    return ((seen > 0) & (limit > 0))[:, None, :]  # (B,L) -> (B,1,L)
+        return (end > start)[None, None, :]  # (L,) -> (1,1,L)
+    present = torch.nn.functional.pad(key_padding_mask.to(torch.int32).cumsum(-1), (1, 0))  # (B,S) -> (B,S+1)
+    Bm = present.shape[0]
+    seen = present.gather(1, end.expand(Bm, L)) - present.gather(1, start.expand(Bm, L))  # (B,S+1) -> (B,L)
+    return ((seen > 0) & (end > start))[:, None, :]  # (B,L) -> (B,1,L)
 
 
-def raise_if_overflowed(lse, L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, dtype) -> None:
+def raise_if_overflowed(lse, L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, dtype, *,
+                        window_size=(-1, -1)) -> None:
     """溢出规则（分块路径）：看得见键的行，log-sum-exp 却是 ±inf 或 nan，就是分数溢出了。
 
     A row that sees no key has ``lse = -inf`` and a zero output: not an overflow. One
@@ -94,7 +99,8 @@ def raise_if_overflowed(lse, L: int, S: int, key_padding_mask, is_causal: bool, 
 
     if lse.numel() == 0:
         return
-    has_key = rows_with_keys(L, S, key_padding_mask, is_causal, causal_offset, lse.device)  # (B|1,1,L)
+    has_key = rows_with_keys(L, S, key_padding_mask, is_causal, causal_offset, lse.device,
+                             window_size=window_size)  # (B|1,1,L)
     if bool((~torch.isfinite(lse) & has_key).any()):
         raise overflow_error(work_dtype(dtype))
 

@@ -23,10 +23,14 @@ a large ``scale`` with small ``q·k`` never overflows on the way.
 CPU speed comes from doing every (B·H) head of a query block at once: the tile is
 (B·H, BLOCK_M, BLOCK_N), the products are ``torch.baddbmm`` into preallocated buffers and the
 softmax steps run in place, so Python iterates only ceil(L/BLOCK_M)·ceil(S/BLOCK_N) times.
-With ``is_causal`` key blocks no query of the block may see are skipped, and within a block
-only the queries that can see it are computed. ``causal_offset`` moves the diagonal: query i
-sees key j iff ``j <= i + causal_offset`` (0: top-left, ``S - L``: bottom-right, as in
-KV-cache decoding). Extra memory is the tile plus O(L·D) statistics: linear in the length.
+The causal rule and a sliding window (``window_size``) form one band of diagonals
+(``attn_lib._band``): key blocks no query of the block may see are skipped (``key_range``),
+so a window of w keys costs O(L·w), not O(L·S); within a block only the queries that can see
+it are computed. ``causal_offset`` moves the band: query i sees key j iff
+``j <= i + causal_offset`` (0: top-left, ``S - L``: bottom-right, as in KV-cache decoding).
+With grouped-query attention (k, v with H_kv heads) the G = H / H_kv query heads of a group
+are rows of one tile against their shared key/value head, which is never repeated. Extra
+memory is the tile plus O(L·D) statistics: linear in the length.
 
 The backward is chapter 9's ``attn_lib.flash_torch_backward``.
 """
@@ -34,90 +38,121 @@ from __future__ import annotations
 
 import torch
 
+from ._band import NO_WINDOW, band, key_range, query_range
 from ._numerics import LN2, base2_factor, raise_if_overflowed, resolve_scale, work_dtype
-from ._validate import check_attention_inputs, check_block, check_bool, check_key_padding_mask, check_no_grad_needed
+from ._validate import (check_attention_inputs, check_block, check_bool, check_key_padding_mask, check_no_grad_needed,
+                        check_window_size)
 
 DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_N = 256
 
 
-def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter, causal_offset=0):
-    """分块前向的主体（输入已检查过，scale 已是数）：返回 (out (B,H,L,Dv), lse (B,H,L))，不查溢出。"""
-    (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
-    work, dev, BH = work_dtype(q.dtype), q.device, B * H
+def _group_rows(x, Hkv: int):
+    """(B, H, L, X) -> (B·H_kv, L·G, X)：同一组 G 个查询头的同一个查询挨在一起，一块查询对一个键值头是连续的行。"""
+    B, H, L, X = x.shape
+    G = H // Hkv if Hkv else 1
+    if G == 1:
+        return x.reshape(B * H, L, X)  # (B,H,L,X) -> (BH,L,X)
+    return x.reshape(B, Hkv, G, L, X).transpose(2, 3).reshape(B * Hkv, L * G, X)  # (B,H,L,X) -> (B*H_kv,L*G,X)
+
+
+def _ungroup_rows(x, B: int, Hkv: int, G: int, L: int):
+    """_group_rows 的逆：(B·H_kv, L·G, X) -> (B, H, L, X)（X 可省略：(B·H_kv, L·G) -> (B, H, L)）。"""
+    squeeze = x.ndim == 2
+    x = x.unsqueeze(-1) if squeeze else x  # (B*H_kv,L*G) -> (B*H_kv,L*G,1)
+    X = x.shape[2]
+    y = x.view(B, Hkv, L, G, X).transpose(2, 3).reshape(B, Hkv * G, L, X)  # (B*H_kv,L*G,X) -> (B,H,L,X)
+    return y.squeeze(-1) if squeeze else y  # (B,H,L,1) -> (B,H,L)
+
+
+def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n, counter, causal_offset=0,
+                   window_size=NO_WINDOW):
+    """分块前向的主体（输入已检查过，scale 已是数）：返回 (out (B,H,L,Dv), lse (B,H,L))，不查溢出。
+
+    k, v may have H_kv heads (H_kv divides H): each key/value head is read once per query
+    block and serves its G = H / H_kv query heads as G·BLOCK_M rows of one tile.
+    """
+    (B, H, L, D), (Hkv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
+    G = H // Hkv if Hkv else 1
+    work, dev, BK = work_dtype(q.dtype), q.device, B * Hkv
     bm_max, bn_max = min(block_m, max(L, 1)), min(block_n, max(S, 1))
-    Q = q.to(work).reshape(BH, L, D)  # (B,H,L,D) -> (BH,L,D)
-    Kt = k.to(work).reshape(BH, S, D).transpose(1, 2)  # (B,H,S,D) -> (BH,D,S)
-    V = v.to(work).reshape(BH, S, Dv)  # (B,H,S,Dv) -> (BH,S,Dv)
-    out = torch.empty(BH, L, Dv, dtype=work, device=dev)  # (BH,L,Dv)
-    lse = torch.empty(BH, L, dtype=work, device=dev)  # (BH,L)
+    Q = _group_rows(q.to(work), Hkv)  # (B,H,L,D) -> (B*H_kv,L*G,D)
+    Kt = k.to(work).reshape(BK, S, D).transpose(1, 2)  # (B,H_kv,S,D) -> (B*H_kv,D,S)
+    V = v.to(work).reshape(BK, S, Dv)  # (B,H_kv,S,Dv) -> (B*H_kv,S,Dv)
+    out = torch.empty(BK, L * G, Dv, dtype=work, device=dev)  # (B*H_kv,L*G,Dv)
+    lse = torch.empty(BK, L * G, dtype=work, device=dev)  # (B*H_kv,L*G)
     tiles = dict(
-        qk_buf=torch.empty(BH * bm_max * bn_max, dtype=work, device=dev),  # the one score tile
+        qk_buf=torch.empty(BK * bm_max * G * bn_max, dtype=work, device=dev),  # the one score tile
         hidden=None if key_padding_mask is None
-        else (~key_padding_mask).repeat_interleave(H, dim=0)[:, None, :],  # (B,S) -> (BH,1,S), True = absent
-        # Diagonal tile of a causal block: row r may see columns 0..r.
-        above_diag=torch.ones(bn_max, bn_max, dtype=torch.bool, device=dev).triu(1) if causal else None,
-        factor=base2_factor(scale, work), causal=causal, offset=causal_offset, block_n=block_n, counter=counter)
+        else (~key_padding_mask).repeat_interleave(Hkv, dim=0)[:, None, :],  # (B,S) -> (B*H_kv,1,S), True = absent
+        # j - i for every position of a tile (row r, column c): c - r, shifted per tile
+        col_minus_row=torch.arange(bn_max, device=dev)[None, :] - torch.arange(bm_max, device=dev)[:, None],  # (bm,bn)
+        factor=base2_factor(scale, work), band=band(causal, window_size, causal_offset), group=G,
+        block_n=block_n, counter=counter)
     for m0 in range(0, L, block_m):
         m1 = min(m0 + block_m, L)
-        acc_i, m_i, l_i = _forward_query_block(Q[:, m0:m1], Kt, V, m0, **tiles)  # (BH,bm,Dv), (BH,bm,1) x2
+        acc_i, m_i, l_i = _forward_query_block(Q[:, m0 * G:m1 * G], Kt, V, m0, **tiles)  # (BK,bm*G,Dv), (BK,bm*G,1) x2
         # Normalise once per query block; rows that saw no key have l_i = 0 and acc = 0 -> output 0.
-        seen = l_i > 0  # (BH,bm,1)
-        torch.div(acc_i, torch.where(seen, l_i, torch.ones_like(l_i)), out=out[:, m0:m1])  # (BH,bm,Dv)
-        lse[:, m0:m1] = ((m_i + torch.log2(l_i)) * LN2).squeeze(-1)  # (BH,bm,1) -> (BH,bm); l=0 -> -inf
+        seen = l_i > 0  # (BK,bm*G,1)
+        torch.div(acc_i, torch.where(seen, l_i, torch.ones_like(l_i)), out=out[:, m0 * G:m1 * G])  # (BK,bm*G,Dv)
+        lse[:, m0 * G:m1 * G] = ((m_i + torch.log2(l_i)) * LN2).squeeze(-1)  # (BK,bm*G,1) -> (BK,bm*G); l=0 -> -inf
         if counter is not None:
-            counter.store("O", BH * (m1 - m0) * Dv)
-            counter.store("lse", BH * (m1 - m0))
-    return out.view(B, H, L, Dv).to(q.dtype), lse.view(B, H, L)  # (BH,L,Dv) -> (B,H,L,Dv), (BH,L) -> (B,H,L)
+            counter.store("O", BK * G * (m1 - m0) * Dv)
+            counter.store("lse", BK * G * (m1 - m0))
+    return _ungroup_rows(out, B, Hkv, G, L).to(q.dtype), _ungroup_rows(lse, B, Hkv, G, L)  # (B,H,L,Dv), (B,H,L)
 
 
-def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, above_diag, factor, causal, offset, block_n, counter):
-    """一块查询 Q_i 对它看得见的每一块键：返回未归一化的 acc_i、行最大值 m_i（以 2 为底）和指数和 l_i。"""
-    BH, bm, D = Q_i.shape
-    S, Dv = Kt.shape[2], V.shape[2]
-    m_i = torch.full((BH, bm, 1), float("-inf"), dtype=Q_i.dtype, device=Q_i.device)  # running max (base 2)
-    l_i = torch.zeros(BH, bm, 1, dtype=Q_i.dtype, device=Q_i.device)  # running sum of exp2
-    acc_i = torch.zeros(BH, bm, Dv, dtype=Q_i.dtype, device=Q_i.device)  # running weighted sum of values
+def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, factor, band, group, block_n, counter):
+    """一块查询 Q_i（G 个头的行交错）对它看得见的每一块键：返回未归一化的 acc_i、行最大值 m_i（以 2 为底）和指数和 l_i。"""
+    BK, G, D = Q_i.shape[0], group, Q_i.shape[2]
+    bm, (S, Dv), (lo, hi) = Q_i.shape[1] // G, (Kt.shape[2], V.shape[2]), band
+    m_i = torch.full((BK, bm * G, 1), float("-inf"), dtype=Q_i.dtype, device=Q_i.device)  # running max (base 2)
+    l_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # running sum of exp2
+    acc_i = torch.zeros(BK, bm * G, Dv, dtype=Q_i.dtype, device=Q_i.device)  # running weighted sum of values
     if counter is not None:
-        counter.load("Q", BH * bm * D)
-    # keys after the block's last query (+ offset) are invisible to all of it
-    n_end = max(min(S, m0 + bm + offset), 0) if causal else S
-    for n0 in range(0, n_end, block_n):
+        counter.load("Q", BK * bm * G * D)
+    n_start, n_end = key_range(m0, m0 + bm, S, lo, hi)  # key blocks wholly outside the band are skipped
+    for n0 in range(n_start, n_end, block_n):
         n1 = min(n0 + block_n, n_end)
         if counter is not None:
-            _count_key_block(counter, BH, n1 - n0, D, Dv, hidden is not None)
-        # Causal: queries i with i + offset < n0 see nothing in this block; start at row r0.
-        r0 = max(n0 - offset - m0, 0) if causal else 0
-        qk = qk_buf[: BH * (bm - r0) * (n1 - n0)].view(BH, bm - r0, n1 - n0)  # (BH,rows,bn) score tile
-        torch.baddbmm(qk, Q_i[:, r0:], Kt[:, :, n0:n1], beta=0, alpha=factor[0], out=qk)  # (BH,rows,D) @ (BH,D,bn) -> (BH,rows,bn)
+            _count_key_block(counter, BK, n1 - n0, D, Dv, hidden is not None)
+        r0, r1 = query_range(n0, n1, m0 + bm, lo, hi)  # only the rows that see some key of the block
+        r0, r1 = max(r0 - m0, 0) * G, max(r1 - m0, 0) * G
+        if r1 <= r0:
+            continue
+        qk = qk_buf[: BK * (r1 - r0) * (n1 - n0)].view(BK, r1 - r0, n1 - n0)  # (BK,rows,bn) score tile
+        torch.baddbmm(qk, Q_i[:, r0:r1], Kt[:, :, n0:n1], beta=0, alpha=factor[0], out=qk)  # (BK,rows,D) @ (BK,D,bn) -> (BK,rows,bn)
         if factor[1] != 1.0:  # scale·log2(e) does not fit the working dtype: second factor
-            qk.mul_(factor[1])  # (BH,rows,bn)
-        _mask_tile(qk, hidden, above_diag, m0 + r0 + offset, n0, n1, causal)
-        m_old = m_i[:, r0:]  # (BH,rows,1)
-        m_ij = torch.maximum(m_old, qk.amax(-1, keepdim=True))  # (BH,rows,1)
+            qk.mul_(factor[1])  # (BK,rows,bn)
+        _mask_tile(qk, hidden, col_minus_row, m0 + r0 // G, n0, n1, lo, hi, G)
+        m_old = m_i[:, r0:r1]  # (BK,rows,1)
+        m_ij = torch.maximum(m_old, qk.amax(-1, keepdim=True))  # (BK,rows,1)
         # rows that have seen no (finite) score yet keep m = -inf: shift by 0
-        m_use = torch.where(torch.isneginf(m_ij), torch.zeros_like(m_ij), m_ij)  # (BH,rows,1)
-        p = qk.sub_(m_use).exp2_()  # (BH,rows,bn), in place
-        alpha = (m_old - m_use).exp2_()  # (BH,rows,1)
-        l_i[:, r0:].mul_(alpha).add_(p.sum(-1, keepdim=True))  # (BH,rows,1)
-        if r0 == 0:
-            acc_i.mul_(alpha).baddbmm_(p, V[:, n0:n1])  # += (BH,bm,bn) @ (BH,bn,Dv) -> (BH,bm,Dv)
+        m_use = torch.where(torch.isneginf(m_ij), torch.zeros_like(m_ij), m_ij)  # (BK,rows,1)
+        p = qk.sub_(m_use).exp2_()  # (BK,rows,bn), in place
+        alpha = (m_old - m_use).exp2_()  # (BK,rows,1)
+        l_i[:, r0:r1].mul_(alpha).add_(p.sum(-1, keepdim=True))  # (BK,rows,1)
+        if r1 - r0 == bm * G:
+            acc_i.mul_(alpha).baddbmm_(p, V[:, n0:n1])  # += (BK,bm*G,bn) @ (BK,bn,Dv) -> (BK,bm*G,Dv)
         else:  # a row slice is not one contiguous batch: baddbmm_ would fall back to one matmul per head
-            acc_i[:, r0:].mul_(alpha).add_(torch.bmm(p, V[:, n0:n1]))  # (BH,rows,bn) @ (BH,bn,Dv) -> (BH,rows,Dv)
-        m_i[:, r0:] = m_ij
+            acc_i[:, r0:r1].mul_(alpha).add_(torch.bmm(p, V[:, n0:n1]))  # (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)
+        m_i[:, r0:r1] = m_ij
     return acc_i, m_i, l_i
 
 
-def _mask_tile(qk, hidden, above_diag, first_row_limit: int, n0: int, n1: int, causal: bool) -> None:
-    """把分数块里看不见的位置填成 -inf：因果对角线（first_row_limit = 块首行的 i + offset）和缺席的键。"""
-    rows, bn = qk.shape[1], qk.shape[2]
-    if causal and n1 - 1 > first_row_limit:
-        # Rows whose query index + offset is < n1 - 1 see only part of the block (the diagonal).
-        diag = min(rows, n1 - 1 - first_row_limit)  # rows that need the triangle
-        off = first_row_limit - n0  # column offset of the first such row's diagonal
-        qk[:, :diag].masked_fill_(above_diag[off:off + diag, :bn], float("-inf"))  # (BH,diag,bn)
+def _mask_tile(qk, hidden, col_minus_row, i0: int, n0: int, n1: int, lo, hi, G: int) -> None:
+    """把分数块里看不见的位置填成 -inf：带外的键（i0 = 块首行的查询号，lo <= j - i <= hi）和缺席的键。"""
+    BK, rows, bn = qk.shape[0], qk.shape[1] // G, qk.shape[2]
+    cut_lo = lo is not None and n0 - (i0 + rows - 1) < lo  # some key of the tile lies left of the band
+    cut_hi = hi is not None and (n1 - 1) - i0 > hi  # some key of the tile lies right of the band
+    if cut_lo or cut_hi:
+        d = col_minus_row[:rows, :bn] + (n0 - i0)  # (rows,bn): j - i
+        hide = (d < lo) if cut_lo else None  # (rows,bn)
+        if cut_hi:
+            hide = (d > hi) if hide is None else hide | (d > hi)  # (rows,bn)
+        qk.view(BK, rows, G, bn).masked_fill_(hide[:, None, :], float("-inf"))  # (BK,rows,G,bn) with (rows,1,bn)
     if hidden is not None:
-        qk.masked_fill_(hidden[:, :, n0:n1], float("-inf"))  # (BH,rows,bn) with (BH,1,bn)
+        qk.masked_fill_(hidden[:, :, n0:n1], float("-inf"))  # (BK,rows*G,bn) with (BK,1,bn)
 
 
 def _count_key_block(counter, BH: int, bn: int, D: int, Dv: int, has_mask: bool) -> None:
@@ -128,18 +163,23 @@ def _count_key_block(counter, BH: int, bn: int, D: int, Dv: int, has_mask: bool)
 
 
 def flash_attention_torch(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_padding_mask=None,
-                          block_m: int | None = None, block_n: int | None = None, counter=None):
+                          block_m: int | None = None, block_n: int | None = None, counter=None, enable_gqa=False,
+                          window_size=NO_WINDOW):
     """分块 FlashAttention 前向（纯 torch）：返回输出和每个查询的 log-sum-exp，不存整张分数矩阵。
 
     Same semantics as ``attn_lib.attention(q, k, v, is_causal=is_causal, mask=...)`` with a
     key padding mask given as ``mask = key_padding_mask[:, None, None, :]``.
 
     Args:
-        q, k, v: queries (B, H, L, D), keys (B, H, S, D), values (B, H, S, Dv).
+        q, k, v: queries (B, H, L, D), keys (B, H_kv, S, D), values (B, H_kv, S, Dv).
         is_causal: query i sees keys 0..i (top-left aligned, as ``attn_lib.causal_mask``).
         scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``.
         key_padding_mask: optional bool (B, S), True = key present.
         block_m, block_n: queries / keys per block; ``None`` = 512 / 256.
+        enable_gqa: k, v have H_kv heads (H % H_kv == 0), as ``attn_lib.attention``; each
+            key/value head is read in place, never repeated.
+        window_size: ``(left, right)``, query i sees keys i - left .. i + right (-1: no
+            limit), as ``attn_lib.attention``; key blocks outside the window are skipped.
         counter: optional ``attn_lib.io_model.IOCounter`` (anything with ``load(name, n)`` and
             ``store(name, n)``): tallies the elements each block reads from and writes to
             slow memory, for comparison with ``io_model.tiled_attention_io``.
@@ -153,15 +193,15 @@ def flash_attention_torch(q, k, v, *, is_causal: bool = False, scale: float | No
         ValueError: a score overflows in the working dtype (float32, or float64); q, k or v
             requires grad while grad mode is on.
     """
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale, enable_gqa=enable_gqa)
     check_no_grad_needed("flash_attention_torch", q, k, v)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     block_m = check_block("block_m", block_m, power_of_two=False) or DEFAULT_BLOCK_M
     block_n = check_block("block_n", block_n, power_of_two=False) or DEFAULT_BLOCK_N
-    check_bool("is_causal", is_causal)
+    window_size = check_window_size(window_size, check_bool("is_causal", is_causal))
     out, lse = _forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=resolve_scale(scale, D),
-                              block_m=block_m, block_n=block_n, counter=counter)
-    raise_if_overflowed(lse, L, S, key_padding_mask, is_causal, 0, q.dtype)
+                              block_m=block_m, block_n=block_n, counter=counter, window_size=window_size)
+    raise_if_overflowed(lse, L, S, key_padding_mask, is_causal, 0, q.dtype, window_size=window_size)
     return out, lse
 
 

@@ -8,6 +8,11 @@ accumulates dV_j, dK_j (and dQ_i, which on a GPU is the separate ``_attn_bwd_dq`
     dV_j += P_ijᵀ dO_i,  dP_ij = dO_i V_jᵀ,  dS_ij = P_ij ∘ (dP_ij − D_i),
     dQ_i += dS_ij K_j · scale,  dK_j += dS_ijᵀ Q_i · scale
 
+With grouped-query attention the G query heads of a group are rows of one tile against their
+shared key/value head, so ``dK_j += dS_ijᵀ Q_i`` sums over the group inside the product (no
+repeated K or V). With a sliding window, query blocks outside the band of a key block are
+skipped (``attn_lib._band.query_range``): the cost is O(L·window).
+
 The forward is chapter 8's ``attn_lib.flash_torch``; ``attn_lib.flash_attention`` joins the
 two into one differentiable function.
 """
@@ -15,8 +20,11 @@ from __future__ import annotations
 
 import torch
 
+from ._band import NO_WINDOW, band, key_range, query_range
 from ._numerics import LOG2E, base2_factor, resolve_scale, work_dtype
-from ._validate import check_attention_inputs, check_block, check_bool, check_key_padding_mask, check_saved
+from ._validate import (check_attention_inputs, check_block, check_bool, check_key_padding_mask, check_saved,
+                        check_window_size)
+from .flash_torch import _group_rows, _ungroup_rows
 
 DEFAULT_BWD_BLOCK_M = 128  # backward: queries per block
 DEFAULT_BWD_BLOCK_N = 256  # backward: keys per block
@@ -62,69 +70,86 @@ def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, neg_lse2_i, neg_delta_i, dK_j, dV_j, dQ_
     dQ_i.baddbmm_(ds, K_j)  # += (BH,bm,bn) @ (BH,bn,D) -> (BH,bm,D)
 
 
-def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n, causal_offset=0):
-    """分块反向的主体（输入已检查过，scale 已是数）；causal 时查询 i 看见键 j 当且仅当 j <= i + causal_offset。"""
-    (B, H, L, D), S, Dv = q.shape, k.shape[2], v.shape[3]
-    work, dev, BH = work_dtype(q.dtype), q.device, B * H
-    Q = q.to(work).reshape(BH, L, D)  # (B,H,L,D) -> (BH,L,D)
-    K = k.to(work).reshape(BH, S, D)  # (B,H,S,D) -> (BH,S,D)
-    V = v.to(work).reshape(BH, S, Dv)  # (B,H,S,Dv) -> (BH,S,Dv)
-    dO = dout.to(work).reshape(BH, L, Dv)  # (B,H,L,Dv) -> (BH,L,Dv) (copies an expanded dout)
-    neg_delta = _attn_bwd_preprocess(out.to(work).reshape(BH, L, Dv), dO).neg_()  # (BH,L,Dv) -> (BH,L,1), -D
-    neg_lse2 = (lse.to(work) * -LOG2E).reshape(BH, L, 1)  # (B,H,L) -> (BH,L,1), -lse in base 2
+def _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, *, causal, scale, block_m, block_n, causal_offset=0,
+                    window_size=NO_WINDOW):
+    """分块反向的主体（输入已检查过，scale 已是数）；因果规则和滑动窗口合成一条带（attn_lib._band），k、v 可以只有 H_kv 个头。"""
+    (B, H, L, D), (Hkv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
+    G = H // Hkv if Hkv else 1
+    work, dev, BK = work_dtype(q.dtype), q.device, B * Hkv
+    Q = _group_rows(q.to(work), Hkv)  # (B,H,L,D) -> (B*H_kv,L*G,D): a group's G heads interleaved
+    K = k.to(work).reshape(BK, S, D)  # (B,H_kv,S,D) -> (B*H_kv,S,D)
+    V = v.to(work).reshape(BK, S, Dv)  # (B,H_kv,S,Dv) -> (B*H_kv,S,Dv)
+    dO = _group_rows(dout.to(work), Hkv)  # (B,H,L,Dv) -> (B*H_kv,L*G,Dv) (copies an expanded dout)
+    neg_delta = _attn_bwd_preprocess(_group_rows(out.to(work), Hkv), dO).neg_()  # (B*H_kv,L*G,Dv) -> (BK,L*G,1), -D
+    neg_lse2 = _group_rows((lse.to(work) * -LOG2E)[..., None], Hkv)  # (B,H,L) -> (B*H_kv,L*G,1), -lse in base 2
     # A row that sees no key: lse = -inf. Adding -inf instead of +inf makes its P row exactly 0.
-    neg_lse2 = torch.where(torch.isposinf(neg_lse2), torch.full_like(neg_lse2, float("-inf")), neg_lse2)  # (BH,L,1)
-    dK = torch.zeros(BH, S, D, dtype=work, device=dev)  # (BH,S,D)
-    dV = torch.zeros(BH, S, Dv, dtype=work, device=dev)  # (BH,S,Dv)
+    neg_lse2 = torch.where(torch.isposinf(neg_lse2), torch.full_like(neg_lse2, float("-inf")), neg_lse2)  # (BK,L*G,1)
+    dK = torch.zeros(BK, S, D, dtype=work, device=dev)  # (B*H_kv,S,D): summed over the group
+    dV = torch.zeros(BK, S, Dv, dtype=work, device=dev)  # (B*H_kv,S,Dv)
     # One contiguous accumulator per query block, so that baddbmm_ writes one batch of matrices.
     m_starts = list(range(0, L, block_m))
-    dQ_blocks = [torch.zeros(BH, min(block_m, L - m0), D, dtype=work, device=dev) for m0 in m_starts]  # (BH,bm,D)
+    dQ_blocks = [torch.zeros(BK, min(block_m, L - m0) * G, D, dtype=work, device=dev) for m0 in m_starts]  # (BK,bm*G,D)
     bm_max, bn_max = min(block_m, max(L, 1)), min(block_n, max(S, 1))
+    lo, hi = band(causal, window_size, causal_offset)
     ctx = dict(Q=Q, dO=dO, neg_lse2=neg_lse2, neg_delta=neg_delta, dQ_blocks=dQ_blocks, m_starts=m_starts,
-               block_m=block_m, causal=causal, offset=causal_offset, factor=base2_factor(scale, work),
-               qk_buf=torch.empty(BH * bm_max * bn_max, dtype=work, device=dev),  # score / P tile
-               dp_buf=torch.empty(BH * bm_max * bn_max, dtype=work, device=dev),  # dP / dS tile
+               block_m=block_m, band=(lo, hi), group=G, L=L, factor=base2_factor(scale, work),
+               qk_buf=torch.empty(BK * bm_max * G * bn_max, dtype=work, device=dev),  # score / P tile
+               dp_buf=torch.empty(BK * bm_max * G * bn_max, dtype=work, device=dev),  # dP / dS tile
                hidden=None if key_padding_mask is None
-               else (~key_padding_mask).repeat_interleave(H, dim=0)[:, None, :],  # (B,S) -> (BH,1,S), True = absent
-               # col - row for every position of a tile: hidden where key index > query index + offset
+               else (~key_padding_mask).repeat_interleave(Hkv, dim=0)[:, None, :],  # (B,S) -> (B*H_kv,1,S), True = absent
+               # j - i for every position of a tile (row r, column c): c - r, shifted per tile
                col_minus_row=torch.arange(bn_max, device=dev)[None, :] - torch.arange(bm_max, device=dev)[:, None])
-    n_end = max(min(S, L + causal_offset), 0) if causal else S  # causal: keys no query sees get zero gradients
-    for n0 in range(0, n_end, block_n):
+    n_start, n_end = key_range(0, L, S, lo, hi)  # keys no query sees get zero gradients
+    for n0 in range(n_start, n_end, block_n):
         n1 = min(n0 + block_n, n_end)
-        dK[:, n0:n1], dV[:, n0:n1] = _backward_key_block(K[:, n0:n1], V[:, n0:n1], n0, **ctx)  # (BH,bn,D), (BH,bn,Dv)
-    dQ = torch.cat(dQ_blocks, dim=1) if dQ_blocks else torch.zeros(BH, L, D, dtype=work, device=dev)  # (BH,L,D)
-    dq = (dQ * scale).view(B, H, L, D).to(q.dtype)  # (BH,L,D) -> (B,H,L,D)
-    dk = (dK * scale).view(B, H, S, D).to(k.dtype)  # (BH,S,D) -> (B,H,S,D)
-    dv = dV.view(B, H, S, Dv).to(v.dtype)  # (BH,S,Dv) -> (B,H,S,Dv)
+        dK[:, n0:n1], dV[:, n0:n1] = _backward_key_block(K[:, n0:n1], V[:, n0:n1], n0, **ctx)  # (BK,bn,D), (BK,bn,Dv)
+    dQ = torch.cat(dQ_blocks, dim=1) if dQ_blocks else torch.zeros(BK, L * G, D, dtype=work, device=dev)  # (BK,L*G,D)
+    dq = _ungroup_rows(dQ * scale, B, Hkv, G, L).to(q.dtype)  # (B*H_kv,L*G,D) -> (B,H,L,D)
+    dk = (dK * scale).view(B, Hkv, S, D).to(k.dtype)  # (B*H_kv,S,D) -> (B,H_kv,S,D)
+    dv = dV.view(B, Hkv, S, Dv).to(v.dtype)  # (B*H_kv,S,Dv) -> (B,H_kv,S,Dv)
     return dq, dk, dv
 
 
-def _backward_key_block(K_j, V_j, n0, *, Q, dO, neg_lse2, neg_delta, dQ_blocks, m_starts, block_m, causal, offset,
+def _backward_key_block(K_j, V_j, n0, *, Q, dO, neg_lse2, neg_delta, dQ_blocks, m_starts, block_m, band, group, L,
                         factor, qk_buf, dp_buf, hidden, col_minus_row):
-    """一块键 K_j、V_j：让看得见它的每一块查询流过，返回这块的 (dK_j, dV_j)（未乘 scale）。"""
-    BH, bn, D = K_j.shape
-    L, n1 = Q.shape[1], n0 + bn
-    dK_j = torch.zeros(BH, bn, D, dtype=K_j.dtype, device=K_j.device)  # (BH,bn,D)
-    dV_j = torch.zeros(BH, bn, V_j.shape[2], dtype=K_j.dtype, device=K_j.device)  # (BH,bn,Dv)
-    # causal: query blocks ending before query n0 - offset see none of K_j
-    first = max(n0 - offset, 0) // block_m if causal else 0
-    for i in range(first, len(m_starts)):
+    """一块键 K_j、V_j：让看得见它的每一块查询（带内的）流过，返回这块的 (dK_j, dV_j)（未乘 scale，已对组内各头求和）。"""
+    BK, bn, D = K_j.shape
+    G, (lo, hi), n1 = group, band, n0 + bn
+    dK_j = torch.zeros(BK, bn, D, dtype=K_j.dtype, device=K_j.device)  # (BK,bn,D)
+    dV_j = torch.zeros(BK, bn, V_j.shape[2], dtype=K_j.dtype, device=K_j.device)  # (BK,bn,Dv)
+    m_start, m_end = query_range(n0, n1, L, lo, hi)  # query blocks wholly outside the band see none of K_j
+    for i in range(m_start // block_m, -(-m_end // block_m)):
         m0 = m_starts[i]
         m1 = min(m0 + block_m, L)
         bm = m1 - m0
-        hide = None if hidden is None else hidden[:, :, n0:n1]  # (BH,1,bn)
-        if causal and n1 - 1 > m0 + offset:  # some key of the block comes after some query: the diagonal
-            diag = col_minus_row[:bm, :bn] > (m0 + offset - n0)  # (bm,bn), True = key after query + offset
-            hide = diag if hide is None else (hide | diag)  # (BH,bm,bn) or (bm,bn)
-        _attn_bwd_dkdv(Q[:, m0:m1], K_j, V_j, dO[:, m0:m1], neg_lse2[:, m0:m1], neg_delta[:, m0:m1],
-                       dK_j, dV_j, dQ_blocks[i], qk_buf[: BH * bm * bn].view(BH, bm, bn),
-                       dp_buf[: BH * bm * bn].view(BH, bm, bn), hide, factor)
+        hide = None if hidden is None else hidden[:, :, n0:n1]  # (BK,1,bn)
+        band_hide = _band_hide(col_minus_row, m0, bm, n0, bn, lo, hi)  # None or (bm,bn)
+        if band_hide is not None:
+            band_hide = band_hide.repeat_interleave(G, dim=0) if G > 1 else band_hide  # (bm,bn) -> (bm*G,bn)
+            hide = band_hide if hide is None else (hide | band_hide)  # (BK,bm*G,bn) or (bm*G,bn)
+        _attn_bwd_dkdv(Q[:, m0 * G:m1 * G], K_j, V_j, dO[:, m0 * G:m1 * G], neg_lse2[:, m0 * G:m1 * G],
+                       neg_delta[:, m0 * G:m1 * G], dK_j, dV_j, dQ_blocks[i],
+                       qk_buf[: BK * bm * G * bn].view(BK, bm * G, bn), dp_buf[: BK * bm * G * bn].view(BK, bm * G, bn),
+                       hide, factor)
     return dK_j, dV_j
+
+
+def _band_hide(col_minus_row, m0: int, bm: int, n0: int, bn: int, lo, hi):
+    """一个 (bm, bn) 块里带外的位置（True = 看不见）；整块都在带内时返回 None。"""
+    cut_lo = lo is not None and n0 - (m0 + bm - 1) < lo
+    cut_hi = hi is not None and (n0 + bn - 1) - m0 > hi
+    if not (cut_lo or cut_hi):
+        return None
+    d = col_minus_row[:bm, :bn] + (n0 - m0)  # (bm,bn): j - i
+    if cut_lo and cut_hi:
+        return (d < lo) | (d > hi)  # (bm,bn)
+    return (d < lo) if cut_lo else (d > hi)  # (bm,bn)
 
 
 @torch.no_grad()
 def flash_attention_torch_backward(q, k, v, out, lse, dout, *, is_causal: bool = False, scale: float | None = None,
-                                   key_padding_mask=None, block_m: int | None = None, block_n: int | None = None):
+                                   key_padding_mask=None, block_m: int | None = None, block_n: int | None = None,
+                                   enable_gqa=False, window_size=NO_WINDOW):
     """分块 FlashAttention-2 反向（纯 torch）：由 q、k、v、输出和 lse 重算 P，算出 dq、dk、dv，不存 L×S 矩阵。
 
     The backward of ``flash_attention_torch``: for each key block K_j, V_j and each query
@@ -136,25 +161,27 @@ def flash_attention_torch_backward(q, k, v, out, lse, dout, *, is_causal: bool =
     and O((L + S)·D) accumulators.
 
     Args:
-        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), the forward's inputs.
+        q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv), the forward's inputs.
         out: the forward's output (B, H, L, Dv).
         lse: the forward's log-sum-exp (B, H, L), natural log, ``-inf`` for rows that see no key.
         dout: gradient of the loss with respect to ``out``, (B, H, L, Dv).
-        is_causal, scale, key_padding_mask: as in the forward.
+        is_causal, scale, key_padding_mask, enable_gqa, window_size: as in the forward. With
+            a window, query blocks outside it are skipped for each key block.
         block_m, block_n: queries / keys per block; ``None`` = 128 / 256.
 
     Returns:
-        ``(dq, dk, dv)`` with the shapes and dtypes of q, k, v. Computed without building a
+        ``(dq, dk, dv)`` with the shapes and dtypes of q, k, v (dk, dv with H_kv heads,
+        summed over the query heads of each group). Computed without building a
         graph (no gradients of gradients).
     """
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale, enable_gqa=enable_gqa)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
-    check_bool("is_causal", is_causal)
+    window_size = check_window_size(window_size, check_bool("is_causal", is_causal))
     check_saved(q, out, lse, dout, B, H, L, Dv, forward="flash_attention_torch")
     block_m = check_block("block_m", block_m, power_of_two=False) or DEFAULT_BWD_BLOCK_M
     block_n = check_block("block_n", block_n, power_of_two=False) or DEFAULT_BWD_BLOCK_N
     return _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=is_causal, scale=resolve_scale(scale, D),
-                           block_m=block_m, block_n=block_n)
+                           block_m=block_m, block_n=block_n, window_size=window_size)
 
 
 __all__ = ["flash_attention_torch_backward", "DEFAULT_BWD_BLOCK_M", "DEFAULT_BWD_BLOCK_N"]

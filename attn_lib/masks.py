@@ -1,4 +1,4 @@
-"""第 6、10 章（因果掩码与填充掩码）：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
+"""第 6、10 章和滑动窗口那一章（因果掩码、填充掩码、滑动窗口掩码）：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
 
 Two forms of the same information, both accepted by ``attn_lib.attention``:
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from ._band import band, band_mask
+from ._validate import check_bool, check_window_size
 from ._validate.sequences import check_additive_mask, check_bool_mask, check_causal_args, check_lengths
 
 
@@ -64,6 +66,41 @@ def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device
     L, S = check_causal_args(L, S, align)
     diagonal = 0 if align == "top-left" else S - L  # bottom-right: query i is position i + S - L
     return torch.ones(L, S, dtype=torch.bool, device=device).tril(diagonal)  # (L,S) lower triangle incl. diagonal
+
+
+def sliding_window_mask(L: int, S: int | None = None, *, window_size, is_causal: bool = False,
+                        align: str = "top-left", device=None) -> torch.Tensor:
+    """滑动窗口掩码：第 i 个查询只看第 i - left .. i + right 个键（flash-attn 的 window_size）。返回布尔 (L, S)，True = 可以看。
+
+    ``window_size=(left, right)``, -1 = unbounded on that side; ``is_causal`` forces right = 0
+    (right must then be 0 or -1). With L = S = 4 and ``window_size=(1, 0)``::
+
+        key:   0 1 2 3
+        q 0  [ T . . . ]
+        q 1  [ T T . . ]
+        q 2  [ . T T . ]
+        q 3  [ . . T T ]
+
+    ``align`` as in ``causal_mask``: ``"top-left"`` (query i is position i, SDPA's
+    ``is_causal`` and ``attn_lib.attention(..., window_size=...)``) or ``"bottom-right"``
+    (query i is position i + S - L, KV-cache decoding; flash-attn always aligns this way).
+    ``window_size=(-1, 0)`` is ``causal_mask``.
+
+    Args:
+        L: number of queries.
+        S: number of keys (default: ``L``).
+        window_size: ``(left, right)``, two ints >= -1 (a tuple or list).
+        is_causal: no key after the query (right = 0).
+        align: ``"top-left"`` or ``"bottom-right"``.
+        device: torch device of the result.
+
+    Returns:
+        Bool tensor of shape (L, S).
+    """
+    L, S = check_causal_args(L, S, align)
+    window_size = check_window_size(window_size, check_bool("is_causal", is_causal))
+    lo, hi = band(is_causal, window_size, 0 if align == "top-left" else S - L)
+    return band_mask(L, S, lo, hi, device=device)  # (L,S), True = lo <= j - i <= hi
 
 
 def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:
@@ -125,4 +162,4 @@ def additive_to_bool(mask: torch.Tensor) -> torch.Tensor:
     return ~hidden
 
 
-__all__ = ["causal_mask", "padding_mask", "bool_to_additive", "additive_to_bool"]
+__all__ = ["causal_mask", "sliding_window_mask", "padding_mask", "bool_to_additive", "additive_to_bool"]

@@ -29,7 +29,7 @@ def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         ValueError: a score overflows to +inf in q's dtype.
         TypeError: ``scale`` is a tensor that requires grad (not differentiable).
     """
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale, enable_gqa=None)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
     check_bool("is_causal", is_causal)
     return _naive_core(q, k, v, is_causal, resolve_scale(scale, D), key_padding_mask, check_overflow=True)

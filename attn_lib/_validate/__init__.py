@@ -15,8 +15,8 @@ Public entry points check once, at the door, and then call unchecked cores
 (``attn_lib.reference._attention_core``, ``attn_lib.flash._flash_unchecked`` ...), so nothing
 below the door checks again. The helpers live in four small modules:
 
-- ``values``: flags, sizes, the scale, choices, axes;
-- ``shapes``: ranks, the (B, H, L, D) shapes of q, k, v, dtypes, devices, mask shapes;
+- ``values``: flags, sizes, the scale, choices, axes, the sliding window;
+- ``shapes``: ranks, the (B, H, L, D) shapes of q, k, v (and the GQA head rule), dtypes, devices, mask shapes;
 - ``tensors``: tensor and array types, nan / inf scans, the attention inputs as a whole;
 - ``flash``: what the tiled and Triton paths add (key padding masks, saved tensors, blocks).
 """
@@ -29,12 +29,12 @@ from .shapes import check_mask_shape, check_qkv_shapes, check_rank, check_same_d
 from .tensors import (all_finite, check_attention_arrays, check_all_finite, check_attention_inputs, check_float_array,
                       check_float_tensor, check_mask, check_row_max, check_score_row, check_scores_finite, check_tensor)
 from .values import (check_bool, check_choice, check_counts, check_dim, check_divisible, check_int, check_last_dim,
-                     check_positive_int, check_scale)
+                     check_positive_int, check_scale, check_window_size)
 
 __all__ = [
     "OVERFLOW_MESSAGE", "overflow_error",
     "check_bool", "check_choice", "check_counts", "check_dim", "check_divisible", "check_int", "check_last_dim",
-    "check_positive_int", "check_scale",
+    "check_positive_int", "check_scale", "check_window_size",
     "check_mask_shape", "check_qkv_shapes", "check_rank", "check_same_device", "check_same_dtype",
     "all_finite", "check_all_finite", "check_attention_arrays", "check_attention_inputs", "check_float_array",
     "check_float_tensor", "check_mask", "check_row_max", "check_score_row", "check_scores_finite", "check_tensor",

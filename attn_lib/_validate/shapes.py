@@ -30,14 +30,17 @@ def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
         )
 
 
-def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
-    """检查 q (B,H,L,D)、k (B,H,S,D)、v (B,H,S,Dv) 的形状是否相容，返回 (B, H, L, S, D, Dv)。
+def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool | None = False) -> tuple[int, int, int, int, int, int]:
+    """检查 q (B,H,L,D)、k (B,H_kv,S,D)、v (B,H_kv,S,Dv) 的形状是否相容，返回 (B, H, L, S, D, Dv)。
 
     Args:
-        q: (B, H, L, D); k: (B, H, S, D); v: (B, H, S, Dv) (torch tensors or numpy arrays).
+        q: (B, H, L, D); k: (B, H_kv, S, D); v: (B, H_kv, S, Dv) (torch tensors or numpy arrays).
+        enable_gqa: True lets k, v have H_kv heads with H % H_kv == 0 (grouped-query
+            attention); False (the default) needs H_kv = H; None: the caller has no
+            ``enable_gqa`` keyword (the remedy then names ``attn_lib.attention``).
 
     Returns:
-        ``(B, H, L, S, D, Dv)`` as ints.
+        ``(B, H, L, S, D, Dv)`` as ints (H: q's heads).
     """
     check_rank("q", q, 4, "(B, H, L, D)")
     check_rank("k", k, 4, "(B, H, S, D)")
@@ -45,11 +48,12 @@ def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, i
     B, H, L, D = _shape(q)
     Bk, Hk, S, Dk = _shape(k)
     Bv, Hv, Sv, Dv = _shape(v)
-    if (Bk, Hk) != (B, H) or (Bv, Hv) != (B, H):
+    if Bk != B or Bv != B or Hv != Hk:
         raise ValueError(
             "q, k and v must share batch and head sizes (B, H): "
             f"q has {(B, H)}, k has {(Bk, Hk)}, v has {(Bv, Hv)}."
         )
+    _check_kv_heads(H, Hk, enable_gqa)
     if Dk != D:
         raise ValueError(
             f"q and k must have the same head dim D (last axis): q has D={D}, k has D={Dk}. "
@@ -63,6 +67,24 @@ def check_qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, i
     if D == 0:
         raise ValueError("q and k have head dim D=0; attention needs D >= 1.")
     return B, H, L, S, D, Dv
+
+
+def _check_kv_heads(H: int, Hk: int, enable_gqa) -> None:
+    """GQA 的头数规则：H_kv 必须整除 H；H_kv != H 还要 enable_gqa=True。"""
+    if Hk == H:
+        return
+    if Hk == 0 or H < Hk or H % Hk:
+        divisors = [d for d in range(1, H + 1) if H % d == 0] or [1]
+        raise ValueError(
+            f"k must have a number of heads H_kv that divides q's H={H} (query head h uses key/value head "
+            f"h // (H // H_kv)), got H_kv={Hk}; use one of {divisors} key/value heads"
+        )
+    if enable_gqa is None:
+        raise ValueError(f"k must have H={H} heads like q, got H_kv={Hk}; this function has no enable_gqa: "
+                         "use attn_lib.attention(q, k, v, enable_gqa=True) for grouped-query attention")
+    if not enable_gqa:
+        raise ValueError(f"k must have H={H} heads like q, got H_kv={Hk}; pass enable_gqa=True to share each "
+                         f"key/value head among H // H_kv = {H // Hk} query heads (grouped-query attention)")
 
 
 def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:

@@ -141,17 +141,21 @@ def check_mask(mask: Any, target: tuple, device, *, check_finite: bool, name: st
         raise ValueError(f"an additive float {name} may contain -inf (hidden) but not nan or +inf")
 
 
-def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True, refuse_3d_mask=False):
+def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True, refuse_3d_mask=False,
+                           enable_gqa: bool | None = False):
     """检查 attention 的全部输入，返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
 
     Args:
-        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv) float tensors of one dtype and device.
+        q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv) float tensors of one dtype and device
+            (H_kv = H unless ``enable_gqa``).
         mask: None, or a bool / float tensor broadcastable to (B, H, L, S).
         scale: None or a positive finite number.
         check_finite: also scan q, k, v (and a float mask) for nan / inf. This is the only
             part that reads the data (on CUDA: a host sync); pass False when the caller has
             already checked, or knowingly skips it.
         refuse_3d_mask: refuse a 3-D mask (ambiguous: (B, L, S) or (H, L, S)).
+        enable_gqa: let k, v have H_kv heads dividing H (see ``check_qkv_shapes``; None: the
+            caller has no such keyword).
 
     Returns:
         ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
@@ -160,7 +164,8 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True,
         check_float_tensor(name, t, twin="attention")
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
     check_same_device(("q", "k", "v"), (q, k, v))
-    dims = check_qkv_shapes(q, k, v)
+    gqa = None if enable_gqa is None else check_bool("enable_gqa", enable_gqa)
+    dims = check_qkv_shapes(q, k, v, enable_gqa=gqa)
     B, H, L, S, _, _ = dims
     if check_bool("check_finite", check_finite):
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -179,7 +184,7 @@ def check_attention_arrays(q, k, v, mask=None, scale=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_array(name, t)
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
-    dims = check_qkv_shapes(q, k, v)
+    dims = check_qkv_shapes(q, k, v, enable_gqa=None)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_all_finite(name, t)
     if mask is not None:

@@ -102,6 +102,36 @@ def check_scale(scale: Any) -> float | None:
     return value
 
 
+def check_window_size(window_size: Any, is_causal: bool = False) -> tuple[int, int]:
+    """检查滑动窗口 window_size=(left, right)：两个 >= -1 的整数（元组或列表），-1 表示那一侧不限；因果时 right 只能是 0 或 -1。
+
+    flash-attn's meaning: query i sees key j iff ``i - left <= j <= i + right``.
+
+    Returns:
+        ``(left, right)`` as ints.
+    """
+    example = "e.g. window_size=(256, 0) for 256 keys back and none ahead, or (-1, -1) for no window"
+    if not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"window_size must be a pair (left, right) of ints, as a tuple or list, got {window_size!r} "
+                        f"({type(window_size).__name__}); {example}")
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right) of ints, got {len(window_size)} values "
+                         f"{tuple(window_size)!r}; {example}")
+    for side in window_size:
+        if isinstance(side, bool) or not _is_integral(side):
+            raise TypeError(f"window_size must be a pair (left, right) of ints, got {side!r} "
+                            f"({type(side).__name__}) in {tuple(window_size)!r}; {example}")
+    left, right = (int(side) for side in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded on that side), got "
+                         f"{(left, right)!r}; {example}")
+    if is_causal and right not in (-1, 0):
+        raise ValueError(f"window_size's right side must be 0 or -1 with is_causal=True (a causal query sees no "
+                         f"later key), got {(left, right)!r}; pass window_size=({left}, 0), or is_causal=False "
+                         "for a window that looks ahead")
+    return left, right
+
+
 def check_choice(name: str, value: Any, choices: tuple) -> Any:
     """检查选项参数必须是 choices 之一（如 backend、kind），返回它。"""
     if not isinstance(value, str) or value not in choices:

@@ -105,6 +105,7 @@ LAYERS = {
 NOT_DIFFERENTIABLE = {
     "causal_mask": "builds a bool mask from sizes",
     "padding_mask": "builds a bool mask from integer lengths",
+    "sliding_window_mask": "builds a bool mask from sizes and a window",
     "bool_to_additive": "input is a bool mask: no gradient can flow into it",
     "additive_to_bool": "returns a bool tensor: nothing differentiable to drop",
     "assert_close": "a test helper, returns None",
@@ -175,6 +176,7 @@ def test_non_differentiable_outputs_say_so(name):
     x = torch.tensor([0.0, float("-inf")], requires_grad=True)
     calls = {
         "causal_mask": lambda: attn_lib.causal_mask(3),
+        "sliding_window_mask": lambda: attn_lib.sliding_window_mask(3, 5, window_size=(1, 0)),
         "padding_mask": lambda: attn_lib.padding_mask(torch.tensor([2, 1])),
         "bool_to_additive": lambda: attn_lib.bool_to_additive(torch.tensor([True, False])),
         "additive_to_bool": lambda: attn_lib.additive_to_bool(x),

@@ -80,7 +80,9 @@ ROWS = [
     ("attention: v 5-D", att(Q, Q, t(1, 1, 1, 3, 4)), ValueError, r"v must be 4-D \(B, H, S, Dv\), got 5-D with shape \(1, 1, 1, 3, 4\)"),
     ("attention: D of q and k differ", att(Q, t(1, 1, 3, 5), Q), ValueError, r"same head dim D.*q has D=4, k has D=5"),
     ("attention: S of k and v differ", att(Q, Q, t(1, 1, 2, 4)), ValueError, r"same number of keys S.*k has S=3, v has S=2"),
-    ("attention: heads differ", att(t(1, 2, 3, 4), Q, Q), ValueError, r"batch and head sizes.*q has \(1, 2\), k has \(1, 1\)"),
+    ("attention: heads differ", att(t(1, 2, 3, 4), Q, Q), ValueError,
+     r"^k must have H=2 heads like q, got H_kv=1; pass enable_gqa=True to share each key/value head among "
+     r"H // H_kv = 2 query heads \(grouped-query attention\)$"),
     ("attention: batch differs", att(Q, t(2, 1, 3, 4), t(2, 1, 3, 4)), ValueError, r"batch and head sizes.*k has \(2, 1\)"),
     ("attention: D = 0", att(t(1, 1, 3, 0), t(1, 1, 3, 0), Q), ValueError, r"head dim D=0; attention needs D >= 1"),
     ("attention: int dtype", att(*(t(1, 1, 3, 4, dtype=torch.int64),) * 3), TypeError, r"q must be a floating-point tensor .*got torch.int64"),
@@ -121,7 +123,9 @@ ROWS = [
     ("numpy attention: k 3-D", natt(QN, a(1, 3, 4), QN), ValueError, r"k must be 4-D \(B, H, S, D\), got 3-D.*unsqueeze\(1\)"),
     ("numpy attention: D of q and k differ", natt(QN, a(1, 1, 3, 5), QN), ValueError, r"same head dim D.*q has D=4, k has D=5"),
     ("numpy attention: S of k and v differ", natt(QN, QN, a(1, 1, 2, 4)), ValueError, r"same number of keys S.*k has S=3, v has S=2"),
-    ("numpy attention: heads differ", natt(a(1, 2, 3, 4), QN, QN), ValueError, r"batch and head sizes"),
+    ("numpy attention: heads differ", natt(a(1, 2, 3, 4), QN, QN), ValueError,
+     r"^k must have H=2 heads like q, got H_kv=1; this function has no enable_gqa: "
+     r"use attn_lib\.attention\(q, k, v, enable_gqa=True\) for grouped-query attention$"),
     ("numpy attention: int dtype", natt(*(a(1, 1, 3, 4, dtype=np.int64),) * 3), TypeError, r"q must be a floating-point array .*got int64"),
     ("numpy attention: dtypes differ", natt(QN, a(1, 1, 3, 4, dtype=np.float32), QN), TypeError, r"q, k, v must have the same dtype, got q=float64, k=float32"),
     ("numpy attention: torch input", natt(Q, QN, QN), TypeError, r"q must be a numpy.ndarray, got Tensor"),
@@ -716,6 +720,81 @@ ROWS += [
     ("tiny_model.RotaryMultiHeadAttention: odd head dim, the suggestion", lambda: tiny_model.RotaryMultiHeadAttention(6, 2),
      ValueError, r"^head dim D = d_model / num_heads must be even for rotary positions \(RoPE rotates pairs of "
                  r"channels\), got D=3; choose d_model and num_heads with an even D, e.g\. d_model=8$"),
+]
+
+
+# --- grouped-query attention (enable_gqa) and sliding windows (window_size), on every functional path -------
+Q6, K4, K2, K1 = t(1, 6, 3, 4), t(1, 4, 3, 4), t(1, 2, 3, 4), t(1, 1, 3, 4)
+WINDOW_EG = r"e\.g\. window_size=\(256, 0\) for 256 keys back and none ahead, or \(-1, -1\) for no window$"
+NOT_DIVIDING = r"^k must have a number of heads H_kv that divides q's H=6 \(query head h uses key/value head h // \(H // H_kv\)\), got H_kv=4; use one of \[1, 2, 3, 6\] key/value heads$"
+
+
+def _gqa_window_rows(name, call):
+    """The same bad GQA heads and windows for one public function: ``call(q, k, v, **kw)`` returns the thunk."""
+    return [
+        (f"{name}: H not divisible by H_kv", call(Q6, K4, K4, enable_gqa=True), ValueError, NOT_DIVIDING),
+        (f"{name}: more kv heads than query heads", call(K2, K4, K4, enable_gqa=True), ValueError,
+         r"^k must have a number of heads H_kv that divides q's H=2 .*got H_kv=4; use one of \[1, 2\] key/value heads$"),
+        (f"{name}: H_kv without enable_gqa", call(Q6, K2, K2), ValueError,
+         r"^k must have H=6 heads like q, got H_kv=2; pass enable_gqa=True to share each key/value head among "
+         r"H // H_kv = 3 query heads \(grouped-query attention\)$"),
+        (f"{name}: k and v heads differ", call(Q6, K2, K1, enable_gqa=True), ValueError,
+         r"^q, k and v must share batch and head sizes \(B, H\): q has \(1, 6\), k has \(1, 2\), v has \(1, 1\)\.$"),
+        (f"{name}: enable_gqa not bool", call(Q, Q, Q, enable_gqa="yes"), TypeError,
+         r"^enable_gqa must be True or False, got 'yes'$"),
+        (f"{name}: window_size an int", call(Q, Q, Q, window_size=3), TypeError,
+         r"^window_size must be a pair \(left, right\) of ints, as a tuple or list, got 3 \(int\); " + WINDOW_EG),
+        (f"{name}: window_size of three", call(Q, Q, Q, window_size=(1, 2, 3)), ValueError,
+         r"^window_size must be a pair \(left, right\) of ints, got 3 values \(1, 2, 3\); " + WINDOW_EG),
+        (f"{name}: window_size float", call(Q, Q, Q, window_size=(1.5, 0)), TypeError,
+         r"^window_size must be a pair \(left, right\) of ints, got 1\.5 \(float\) in \(1\.5, 0\); " + WINDOW_EG),
+        (f"{name}: window_size bool", call(Q, Q, Q, window_size=[True, 0]), TypeError,
+         r"^window_size must be a pair \(left, right\) of ints, got True \(bool\) in \(True, 0\); " + WINDOW_EG),
+        (f"{name}: window_size < -1", call(Q, Q, Q, window_size=(-2, 0)), ValueError,
+         r"^window_size must be a pair of ints >= -1 \(-1: unbounded on that side\), got \(-2, 0\); " + WINDOW_EG),
+        (f"{name}: causal window looks ahead", call(Q, Q, Q, is_causal=True, window_size=(2, 1)), ValueError,
+         r"^window_size's right side must be 0 or -1 with is_causal=True \(a causal query sees no later key\), "
+         r"got \(2, 1\); pass window_size=\(2, 0\), or is_causal=False for a window that looks ahead$"),
+    ]
+
+
+def _call(fn, **fixed):
+    return lambda *args, **kw: (lambda: fn(*args, **fixed, **kw))
+
+
+def _bwd_call(q, k, v, **kw):
+    """flash_attention_torch_backward with out, lse, dout shaped for q and v."""
+    B, H, L, _ = q.shape
+    Dv = v.shape[-1]
+    return lambda: attn_lib.flash_attention_torch_backward(q, k, v, t(B, H, L, Dv), t(B, H, L), t(B, H, L, Dv), **kw)
+
+
+ROWS += _gqa_window_rows("attention", _call(attn_lib.attention))
+ROWS += _gqa_window_rows("flash_attention", _call(attn_lib.flash_attention, backend="torch"))
+ROWS += _gqa_window_rows("flash_attention_torch", _call(attn_lib.flash_attention_torch))
+ROWS += _gqa_window_rows("flash_attention_torch_backward", _bwd_call)
+ROWS += [
+    ("flash_attention: triton window_size < -1", _call(attn_lib.flash_attention, backend="triton")(Q, Q, Q, window_size=(0, -3)),
+     ValueError, r"^window_size must be a pair of ints >= -1 \(-1: unbounded on that side\), got \(0, -3\); " + WINDOW_EG),
+    ("flash_attention: triton H not divisible by H_kv", _call(attn_lib.flash_attention, backend="triton")(Q6, K4, K4, enable_gqa=True),
+     ValueError, NOT_DIVIDING),
+    ("naive_attention: H_kv heads", lambda: attn_lib.naive_attention(Q6, K2, K2), ValueError,
+     r"^k must have H=6 heads like q, got H_kv=2; this function has no enable_gqa: "
+     r"use attn_lib\.attention\(q, k, v, enable_gqa=True\) for grouped-query attention$"),
+    ("sliding_window_mask: window_size an int", lambda: attn_lib.sliding_window_mask(4, window_size=2), TypeError,
+     r"^window_size must be a pair \(left, right\) of ints, as a tuple or list, got 2 \(int\); " + WINDOW_EG),
+    ("sliding_window_mask: window_size < -1", lambda: attn_lib.sliding_window_mask(4, window_size=(0, -5)), ValueError,
+     r"^window_size must be a pair of ints >= -1 \(-1: unbounded on that side\), got \(0, -5\); " + WINDOW_EG),
+    ("sliding_window_mask: causal window looks ahead", lambda: attn_lib.sliding_window_mask(4, window_size=(1, 1), is_causal=True),
+     ValueError, r"^window_size's right side must be 0 or -1 with is_causal=True .*got \(1, 1\); pass window_size=\(1, 0\)"),
+    ("sliding_window_mask: is_causal not bool", lambda: attn_lib.sliding_window_mask(4, window_size=(1, 0), is_causal=1),
+     TypeError, r"^is_causal must be True or False, got 1$"),
+    ("sliding_window_mask: L < 0", lambda: attn_lib.sliding_window_mask(-1, window_size=(1, 0)), ValueError,
+     r"^L must be an int >= 0, got -1$"),
+    ("sliding_window_mask: S float", lambda: attn_lib.sliding_window_mask(3, 2.0, window_size=(1, 0)), TypeError,
+     r"^S must be an int >= 0, got 2\.0 \(float\); use int\(2\.0\)$"),
+    ("sliding_window_mask: align", lambda: attn_lib.sliding_window_mask(3, window_size=(1, 0), align="bottom"), ValueError,
+     r'^align must be "top-left" or "bottom-right", got \'bottom\'$'),
 ]
 
 
