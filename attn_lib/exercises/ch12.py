@@ -25,11 +25,11 @@ register(Exercise(
 
 register(Exercise(
     id="12-3",
-    question="一层用 window_size=(255, 0) 的滑动窗口，用滚动缓存逐字生成了 1000 个字。缓存里存着几个位置？",
-    answer=255 + 1,  # the window: the new token and the 255 before it
-    hint="下一个字要看的是它自己和前面 255 个位置；更早的位置再也用不上，滚动缓存把它们覆盖掉。",
+    question="一层用 window_size=(255, 0) 的滑动窗口和滚动缓存，逐字生成了 1000 个字。为了生成下一个字，缓存里至少要留着前面几个位置的键和值？",
+    answer=255,  # the next token sees itself (computed in its own step) and the 255 before it
+    hint="下一个字看它自己和前面 255 个位置；它自己的键和值在这一步现算，更早的位置再也用不上。",
     atol=0.0,
-    wrong_example=1000,
+    wrong_example=1000,  # the cache of a layer without a window
 ))
 
 
