@@ -44,7 +44,10 @@ Issue 17 (chapter 12), two more suites, each one run with forward and forward+ba
   causal on the same path (``tiled_causal``) and torch SDPA given the band as an explicit
   bool mask (``sdpa_band``; SDPA has no window argument, so it computes every score and masks).
   The ``x smallest N`` column is the time divided by the time of the same case at the smallest
-  N: linear growth gives N / N_min, quadratic (N / N_min)^2. Results: ``bench/results/cpu_window.json``.
+  N: linear growth gives N / N_min, quadratic (N / N_min)^2. ``sdpa_band`` materialises the
+  scores: at N = 16k, H = 8 that is 8 GiB per (B, H, N, N) float32 tensor, more with the
+  backward; a case killed for memory is reported as failed and the run goes on.
+  Results: ``bench/results/cpu_window.json``.
 - ``--gqa``: grouped-query attention, q (B, H, N, D) and k, v (B, H_kv, N, D) with H = 32,
   H_kv = 8, D = 128 (``--heads``, ``--kv-heads``, ``--head-dim``): the tiled path with
   ``enable_gqa=True`` (``tiled_gqa``) against ``F.scaled_dot_product_attention(...,
