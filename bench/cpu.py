@@ -30,6 +30,30 @@ Naive attention at N = 16k needs about 17 GB (two 8.6 GB float32 score matrices)
 ``--skip-naive-from N`` leaves it out from that length on. Results go to
 ``bench/results/cpu.json`` (with the machine: CPU model, threads, torch version, date)
 unless ``--quick`` or ``--no-save``. Tests never assert these numbers; chapter 08 plots them.
+
+Issue 17 (chapter 12), two more suites, each one run with forward and forward+backward rows
+(float32, B = 1, one subprocess per case, the same timing and memory rules as above):
+
+    .venv/bin/python bench/cpu.py --window 256     # N in {2k, 4k, 8k, 16k}, H=8, D=64
+    .venv/bin/python bench/cpu.py --window 256 --quick
+    .venv/bin/python bench/cpu.py --gqa            # H=32, H_kv=8, D=128, N in {1k, 2k, 4k}, causal
+    .venv/bin/python bench/cpu.py --gqa --quick
+
+- ``--window W``: causal attention with a sliding window ``window_size=(W, 0)`` (flash-attn's
+  meaning: query i sees keys i - W .. i) on the tiled path (``tiled_window``), beside full
+  causal on the same path (``tiled_causal``) and torch SDPA given the band as an explicit
+  bool mask (``sdpa_band``; SDPA has no window argument, so it computes every score and masks).
+  The ``x smallest N`` column is the time divided by the time of the same case at the smallest
+  N: linear growth gives N / N_min, quadratic (N / N_min)^2. ``sdpa_band`` materialises the
+  scores: at N = 16k, H = 8 that is 8 GiB per (B, H, N, N) float32 tensor, more with the
+  backward; a case killed for memory is reported as failed and the run goes on.
+  Results: ``bench/results/cpu_window.json``.
+- ``--gqa``: grouped-query attention, q (B, H, N, D) and k, v (B, H_kv, N, D) with H = 32,
+  H_kv = 8, D = 128 (``--heads``, ``--kv-heads``, ``--head-dim``): the tiled path with
+  ``enable_gqa=True`` (``tiled_gqa``) against ``F.scaled_dot_product_attention(...,
+  enable_gqa=True)`` (``sdpa_gqa``), causal. Results: ``bench/results/cpu_gqa.json``.
+Both use attn_lib's unchecked core ``attn_lib.flash._flash_unchecked(..., backend="torch")``
+(forward under ``torch.no_grad()``; forward+backward through autograd), as SDPA does no checks.
 """
 from __future__ import annotations
 
@@ -49,6 +73,20 @@ QUICK_SIZES = (512, 1024)
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu.json"
 RESULTS_BACKWARD = Path(__file__).resolve().parent / "results" / "cpu_backward.json"
 BACKWARD_SIZES = (1024, 4096, 8192)
+# Issue 17 (chapter 12): sliding windows and grouped-query attention
+WINDOW_IMPLS = ("tiled_window", "tiled_causal", "sdpa_band")
+GQA_IMPLS = ("tiled_gqa", "sdpa_gqa")
+MODES = ("fwd", "fwd_bwd")
+WINDOW_SIZES = (2048, 4096, 8192, 16384)
+GQA_SIZES = (1024, 2048, 4096)
+QUICK_17_SIZES = (256, 512)
+QUICK_WINDOW = 32
+SHAPES_17 = {  # (heads, kv_heads, head_dim): full run, --quick
+    "window": ((8, 8, 64), (2, 2, 16)),
+    "gqa": ((32, 8, 128), (8, 2, 32)),
+}
+RESULTS_17 = {"window": Path(__file__).resolve().parent / "results" / "cpu_window.json",
+              "gqa": Path(__file__).resolve().parent / "results" / "cpu_gqa.json"}
 
 
 CHECKS = {
@@ -62,11 +100,15 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N (L = S = N)")
     p.add_argument("--quick", action="store_true", help="small N only, do not save")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--heads", type=int, default=None, help="H (default 8; --gqa: 32)")
+    p.add_argument("--head-dim", type=int, default=None, help="D (default 64; --gqa: 128)")
+    p.add_argument("--kv-heads", type=int, default=None, help="H_kv of --gqa (default 8)")
+    p.add_argument("--window", type=int, default=None, metavar="W",
+                   help="the sliding-window suite: window_size=(W, 0) beside full causal and SDPA with a band mask")
+    p.add_argument("--gqa", action="store_true", help="the GQA suite: tiled enable_gqa vs SDPA enable_gqa=True")
     p.add_argument("--reps", type=int, default=3, help="timed calls per case (after one warm-up)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every case")
-    p.add_argument("--impls", nargs="+", choices=IMPLS, default=None,
+    p.add_argument("--impls", nargs="+", choices=IMPLS + WINDOW_IMPLS + GQA_IMPLS, default=None,
                    help="default: all three; with --backward: sdpa and tiled")
     p.add_argument("--backward", action="store_true",
                    help="time forward+backward (autograd, inputs require grad) instead of the forward alone")
@@ -80,11 +122,35 @@ def parse_args(argv=None):
                    help="none: every side unchecked (attn_lib's unchecked cores, SDPA as is); both: the door's "
                         "input checks (types, shapes, one nan/inf scan of q, k, v) before every side")
     p.add_argument("--worker", nargs=3, metavar=("IMPL", "N", "CAUSAL"), help=argparse.SUPPRESS)
+    p.add_argument("--worker17", nargs=4, metavar=("SUITE", "IMPL", "N", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.window is not None and args.gqa:
+        p.error("--window and --gqa are two runs; give one of them")
+    args.suite = "window" if args.window is not None else ("gqa" if args.gqa else None)
+    if args.suite:
+        return _suite_defaults(args)
+    args.heads, args.head_dim = args.heads or 8, args.head_dim or 64
     if args.sizes is None:
         args.sizes = list(QUICK_SIZES if args.quick else (BACKWARD_SIZES if args.backward else DEFAULT_SIZES))
     if args.impls is None:
         args.impls = ["sdpa", "tiled"] if args.backward else list(IMPLS)
+    return args
+
+
+def _suite_defaults(args):
+    """Sizes and shapes of the window / GQA suites (--quick: tiny ones, a smoke test)."""
+    heads, kv_heads, head_dim = SHAPES_17[args.suite][1 if args.quick else 0]
+    args.heads, args.head_dim = args.heads or heads, args.head_dim or head_dim
+    args.kv_heads = args.kv_heads or (kv_heads if args.suite == "gqa" else args.heads)
+    if args.suite == "window" and args.quick:
+        args.window = min(args.window, QUICK_WINDOW)
+    if args.sizes is None:
+        args.sizes = list(QUICK_17_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else GQA_SIZES))
+    allowed = WINDOW_IMPLS if args.suite == "window" else GQA_IMPLS
+    if args.impls is None:
+        args.impls = list(allowed)
+    elif not set(args.impls) <= set(allowed):
+        raise SystemExit(f"--impls of the {args.suite} suite must be among {allowed}, got {args.impls}")
     return args
 
 
@@ -232,8 +298,166 @@ def format_table(results: list, machine_info: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def case17_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
+    """The callable to time in the window / GQA suites: one forward, or one forward and its backward.
+
+    ``tiled_*``: ``attn_lib.flash._flash_unchecked(..., backend="torch")`` (the tiled path, no
+    checks), causal, with ``window_size=(window, 0)`` for ``tiled_window``; k, v with H_kv
+    heads for ``tiled_gqa`` (GQA by shape). ``sdpa_band``: SDPA with the band as a bool mask;
+    ``sdpa_gqa``: SDPA with ``is_causal=True, enable_gqa=True``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from attn_lib._band import band, band_mask
+    from attn_lib._numerics import resolve_scale
+    from attn_lib.flash import _flash_unchecked
+
+    scale = resolve_scale(None, q.shape[-1])
+    if impl == "sdpa_band":
+        keep = band_mask(q.shape[2], k.shape[2], *band(True, (window, 0)), device=q.device)  # (L,S), True = visible
+
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B,H,L,D)
+    elif impl == "sdpa_gqa":
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B,H,L,D)
+    else:
+        extra = {"window_size": (window, 0)} if impl == "tiled_window" else {}
+
+        def forward():
+            return _flash_unchecked(q, k, v, is_causal=True, scale=scale, key_padding_mask=None, backend="torch",
+                                    check_overflow=False, **extra)  # (B,H,L,D)
+    if mode == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return forward()
+        return fwd
+
+    def fwd_bwd():
+        for t in (q, k, v):
+            t.grad = None
+        out = forward()  # (B,H,L,D)
+        out.backward(dout)
+        return out
+    return fwd_bwd
+
+
+def run_case17(impl: str, N: int, mode: str, args) -> dict:
+    """Window / GQA suite: one case in this process (one warm-up, reps timed calls, peak extra memory)."""
+    import time
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    B, H, Hkv, D = args.batch, args.heads, args.kv_heads, args.head_dim
+
+    def make(n):
+        q = torch.randn((B, H, n, D), generator=gen)  # (B,H,n,D)
+        k, v = (torch.randn((B, Hkv, n, D), generator=gen) for _ in range(2))  # (B,H_kv,n,D)
+        dout = torch.randn((B, H, n, D), generator=gen)  # (B,H,n,D)
+        for t in (q, k, v):
+            t.requires_grad_(mode == "fwd_bwd")
+        return q, k, v, dout
+
+    case17_fn(impl, *make(64), args.window, mode)()  # load kernels and start threads before the baseline
+    fn = case17_fn(impl, *make(N), args.window, mode)
+    before = peak_rss_mib()
+    fn()  # warm-up (also reaches the peak)
+    times = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"suite": args.suite, "impl": impl, "N": N, "mode": mode, "B": B, "H": H, "H_kv": Hkv, "D": D,
+            "window": args.window if args.suite == "window" else None, "time_s": min(times), "times_s": times,
+            "peak_extra_mib": peak_rss_mib() - before, "threads": torch.get_num_threads()}
+
+
+def spawn17(impl: str, N: int, mode: str, args) -> dict:
+    """One window / GQA case in its own subprocess (the same memory state for every case)."""
+    cmd = [sys.executable, __file__, "--worker17", args.suite, impl, str(N), mode, "--reps", str(args.reps),
+           "--batch", str(args.batch), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
+           "--head-dim", str(args.head_dim)]
+    if args.suite == "window":
+        cmd += ["--window", str(args.window)]
+    else:
+        cmd.append("--gqa")
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        reason = "killed (out of memory?)" if res.returncode < 0 else res.stderr.strip().splitlines()[-1:]
+        return {"suite": args.suite, "impl": impl, "N": N, "mode": mode, "error": str(reason)}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def format_table17(results: list, machine_info: dict | None = None) -> str:
+    """窗口 / GQA 两组基准排成表：时间、相对 SDPA 的倍数、相对最小 N 的倍数、峰值额外内存。"""
+    lines = []
+    if machine_info:
+        lines.append(f"# {machine_info['cpu']}, {machine_info['torch_threads']} threads, "
+                     f"torch {machine_info['torch']}, {machine_info['date']}")
+    head = f"{'pass':>7} {'N':>6} {'impl':>12} {'time ms':>10} {'x SDPA':>7} {'x N_min':>8} {'peak extra MiB':>15}"
+    lines += [head, "-" * len(head)]
+    ok = [r for r in results if "error" not in r]
+    n_min = {(r["mode"], r["impl"]): r for r in sorted(ok, key=lambda r: -r["N"])}  # smallest N wins
+    order = WINDOW_IMPLS + GQA_IMPLS
+    for r in sorted(results, key=lambda r: (MODES.index(r["mode"]), r["N"], order.index(r["impl"]))):
+        prefix = f"{r['mode']:>7} {r['N']:>6} {r['impl']:>12}"
+        if "error" in r:
+            lines.append(f"{prefix} {'failed: ' + r['error']:>34}")
+            continue
+        sdpa = next((o for o in ok if o["mode"] == r["mode"] and o["N"] == r["N"] and o["impl"].startswith("sdpa")),
+                    None)
+        ratio = f"{r['time_s'] / sdpa['time_s']:.2f}" if sdpa else "-"
+        growth = f"{r['time_s'] / n_min[(r['mode'], r['impl'])]['time_s']:.2f}"
+        lines.append(f"{prefix} {r['time_s'] * 1e3:>10.1f} {ratio:>7} {growth:>8} {r['peak_extra_mib']:>15.0f}")
+    return "\n".join(lines)
+
+
+def main17(args, argv) -> int:
+    """Run the window or GQA suite: every (mode, N, impl) in its own subprocess; print and save the table."""
+    info = machine()
+    if args.threads:
+        info["torch_threads"] = args.threads
+    what = (f"# window suite: causal, window_size=({args.window}, 0), B={args.batch}, H={args.heads}, D={args.head_dim}"
+            if args.suite == "window" else
+            f"# GQA suite: causal, B={args.batch}, H={args.heads}, H_kv={args.kv_heads}, D={args.head_dim}")
+    results = []
+    for mode in MODES:
+        for N in args.sizes:
+            for impl in args.impls:
+                r = spawn17(impl, N, mode, args)
+                results.append(r)
+                print(f"  done: {mode:>7} {impl:>12} N={N:>5} "
+                      + (f"{r['time_s'] * 1e3:9.1f} ms" if "time_s" in r else r["error"]), flush=True)
+    print(CHECKS["none"])
+    print(what + ", fp32")
+    print(format_table17(results, info))
+    out = args.out or (None if (args.quick or args.no_save) else RESULTS_17[args.suite])
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"machine": info, "config": what[2:], "checks": CHECKS["none"],
+                   "time": "min over reps after one warm-up, seconds",
+                   "memory": "peak RSS after the calls minus peak RSS before them (MiB), one process per case",
+                   "command": "python bench/cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   "results": results}
+        out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.worker17:
+        _, impl, N, mode = args.worker17
+        print(json.dumps(run_case17(impl, int(N), mode, args)))
+        return 0
+    if args.suite:
+        return main17(args, argv)
     if args.worker:
         impl, N, causal = args.worker
         print(json.dumps(run_case(impl, int(N), bool(int(causal)), args)))

@@ -18,6 +18,26 @@ Time: ``triton.testing.do_bench`` (median, L2 flushed between runs). Memory:
 that does not fit is reported as "OOM". Runs in a few minutes on one recent GPU. Writes
 ``bench/results/gpu.json`` unless --quick or --no-save. Exits with a message (code 2) when
 there is no CUDA GPU.
+
+Issue 17 (chapter 12), the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
+
+    .venv/bin/python bench/gpu.py --window 256      # bf16, D=128, N in {2k, 4k, 8k, 16k}, B*N = 16k, H*D = 2048
+    .venv/bin/python bench/gpu.py --gqa             # bf16, H=32, H_kv=8, D=128, N in {1k .. 16k}, B*N = 16k
+    .venv/bin/python bench/gpu.py --window 256 --quick
+
+- ``--window W``: causal with ``window_size=(W, 0)`` on the Triton path (``triton_window``),
+  full causal on the Triton path (``triton_causal``), SDPA with the band as an explicit bool mask
+  (``sdpa_band``, whatever backend SDPA picks for a mask) and SDPA's flash backend with
+  ``is_causal`` (``sdpa_causal``, for reference). FLOPs count the (query, key) pairs each row
+  really sees (``band_pairs``): ``4 * B * H * pairs * D`` forward, 3.5 x that forward+backward,
+  for every row of this suite (full causal included, N(N+1)/2 pairs), so TFLOP/s compare the
+  useful work.
+- ``--gqa``: q (B, 32, N, 128), k, v (B, 8, N, 128), causal: the Triton path with k, v of H_kv
+  heads (``triton_gqa``) against ``F.scaled_dot_product_attention(..., is_causal=True,
+  enable_gqa=True)`` (``sdpa_gqa``). FLOPs as above with H = the query heads.
+Both call ``attn_lib.flash._flash_unchecked(..., backend="triton", check_overflow=False)``
+(forward under ``torch.no_grad()``, forward+backward through autograd), after a correctness
+check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
 """
 from __future__ import annotations
 
@@ -39,6 +59,14 @@ NO_GPU_MESSAGE = ("bench/gpu.py needs a CUDA GPU and torch with CUDA; none was f
 
 
 CHECKS = "# checks: none on any side (the Triton launchers and the naive core unchecked, SDPA as is)"
+# Issue 17 (chapter 12)
+WINDOW_IMPLS = ("triton_window", "triton_causal", "sdpa_band", "sdpa_causal")
+GQA_IMPLS = ("triton_gqa", "sdpa_gqa")
+WINDOW_SIZES = (2048, 4096, 8192, 16384)
+QUICK_17_SIZES = (1024, 4096)
+GQA_SHAPE = (32, 8, 128)  # H, H_kv, D
+RESULTS_17 = {"window": Path(__file__).resolve().parent / "results" / "gpu_window.json",
+              "gqa": Path(__file__).resolve().parent / "results" / "gpu_gqa.json"}
 
 def attention_flops(B: int, H: int, L: int, S: int, D: int, causal: bool = False, mode: str = "fwd") -> float:
     """注意力的浮点运算次数：前向 QKᵀ 和 PV 两次矩阵乘各 2·B·H·L·S·D；反向是前向的 2.5 倍；因果时只算一半。
@@ -56,6 +84,26 @@ def attention_flops(B: int, H: int, L: int, S: int, D: int, causal: bool = False
     return flops / 2 if causal else flops
 
 
+def band_pairs(N: int, window: int | None = None) -> int:
+    """因果注意力里真正可见的 (查询, 键) 对数：不带窗口时 N(N+1)/2；窗口 (W, 0) 时第 i 行看 min(i, W) + 1 个键。
+
+    Args:
+        N: queries = keys.
+        window: W of ``window_size=(W, 0)``; None for full causal.
+    """
+    if window is None:
+        return N * (N + 1) // 2
+    m = min(N, window + 1)  # rows 0 .. m-1 see i + 1 keys, the others W + 1
+    return m * (m + 1) // 2 + (N - m) * (window + 1)
+
+
+def pair_flops(B: int, H: int, pairs: int, D: int, mode: str = "fwd") -> float:
+    """按可见的 (查询, 键) 对数算浮点运算：前向 4·B·H·pairs·D，前向 + 反向再乘 3.5。"""
+    if mode not in PASSES:
+        raise ValueError(f"mode must be one of {PASSES}, got {mode!r}")
+    return 4.0 * B * H * pairs * D * ((1 + BWD_FLOP_RATIO) if mode == "fwd_bwd" else 1)
+
+
 def shape_for(N: int, D: int, batch: int | None, heads: int | None, tokens: int = 16384, model_dim: int = 2048):
     """按 flash-attn 基准的约定选 (B, H):B·N = tokens,H·D = model_dim（可被 --batch/--heads 覆盖）。"""
     B = batch if batch else max(1, tokens // N)
@@ -68,7 +116,7 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", help="sequence lengths N (L = S = N)")
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
-    p.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    p.add_argument("--impls", nargs="+", choices=IMPLS + WINDOW_IMPLS + GQA_IMPLS, default=list(IMPLS))
     p.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES),
                    help="fwd: forward only; fwd_bwd: forward + backward")
     p.add_argument("--batch", type=int, default=None)
@@ -76,14 +124,35 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--window", type=int, default=None, metavar="W",
+                   help="the sliding-window suite: window_size=(W, 0) beside full causal and SDPA with a band mask")
+    p.add_argument("--gqa", action="store_true", help="the GQA suite: H=32, H_kv=8, D=128 vs SDPA enable_gqa=True")
     p.add_argument("--compile-only", metavar="SM", type=int, default=None,
                    help="no GPU needed: compile every kernel for compute capability SM (e.g. 75 for a T4, 80, 90) "
                         "with Triton's bundled ptxas and print the shared memory each configuration needs")
     args = p.parse_args(argv)
+    if args.window is not None and args.gqa:
+        p.error("--window and --gqa are two runs; give one of them")
+    args.suite = "window" if args.window is not None else ("gqa" if args.gqa else None)
+    if args.suite:
+        return _suite_defaults(args, sys.argv[1:] if argv is None else argv)
     if args.quick:
         args.sizes = args.sizes or [1024, 4096]
         args.head_dims, args.dtypes = [64], ["float16"]
     args.sizes = args.sizes or list(DEFAULT_SIZES)
+    return args
+
+
+def _suite_defaults(args, argv):
+    """The window / GQA suites: bf16, D = 128, their own sizes and implementations."""
+    if "--dtypes" not in argv:
+        args.dtypes = ["bfloat16"]
+    if "--head-dims" not in argv:
+        args.head_dims = [GQA_SHAPE[2]]
+    if args.sizes is None:
+        args.sizes = list(QUICK_17_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else DEFAULT_SIZES))
+    allowed = WINDOW_IMPLS if args.suite == "window" else GQA_IMPLS
+    args.impls = [i for i in args.impls if i in allowed] or list(allowed)
     return args
 
 
@@ -290,6 +359,155 @@ def compile_only(sm: int, head_dims, dtypes) -> int:
     return 0
 
 
+def case17_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
+    """The callable to time in the window / GQA suites: one forward, or one forward and its backward."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attn_lib._band import band, band_mask
+    from attn_lib._numerics import resolve_scale
+    from attn_lib.flash import _flash_unchecked
+
+    scale = resolve_scale(None, q.shape[-1])
+    if impl == "sdpa_band":
+        keep = band_mask(q.shape[2], k.shape[2], *band(True, (window, 0)), device=q.device)  # (L,S), True = visible
+
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B,H,L,D)
+    elif impl == "sdpa_causal":
+        def forward():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B,H,L,D)
+    elif impl == "sdpa_gqa":
+        def forward():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B,H,L,D)
+    else:
+        extra = {"window_size": (window, 0)} if impl == "triton_window" else {}
+
+        def forward():
+            return _flash_unchecked(q, k, v, is_causal=True, scale=scale, key_padding_mask=None, backend="triton",
+                                    check_overflow=False, **extra)  # (B,H,L,D); k, v may have H_kv heads
+    if mode == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return forward()
+        return fwd
+
+    def fwd_bwd():
+        forward().backward(dout)
+    return fwd_bwd
+
+
+def bench_case17(torch, impl: str, dtype: str, N: int, D: int, args, mode: str) -> dict:
+    """One case of the window / GQA suites: do_bench median, TFLOP/s over the visible pairs, peak extra MiB."""
+    from triton.testing import do_bench
+
+    if args.suite == "gqa":
+        H, H_kv = GQA_SHAPE[0], GQA_SHAPE[1]
+        B = args.batch or max(1, 16384 // N)
+    else:
+        B, H = shape_for(N, D, args.batch, args.heads)
+        H_kv = H
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    t = getattr(torch, dtype)
+    q, dout = (torch.randn(B, H, N, D, device="cuda", dtype=t, generator=gen) for _ in range(2))  # (B,H,N,D)
+    k, v = (torch.randn(B, H_kv, N, D, device="cuda", dtype=t, generator=gen) for _ in range(2))  # (B,H_kv,N,D)
+    grad = mode == "fwd_bwd"
+    for x in (q, k, v):
+        x.requires_grad_(grad)
+    window = args.window if impl in ("triton_window", "sdpa_band") else None
+    base = {"suite": args.suite, "impl": impl, "mode": mode, "dtype": dtype, "D": D, "N": N, "B": B, "H": H,
+            "H_kv": H_kv, "window": window}
+    try:
+        fn = case17_fn(torch, impl, mode, q, k, v, dout, window)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - before) / 2**20
+        ms = do_bench(fn, warmup=25, rep=100, return_mode="median", grad_to_none=[q, k, v] if grad else None)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return {**base, "error": "OOM"}
+    tflops = pair_flops(B, H, band_pairs(N, window), D, mode) / (ms * 1e-3) / 1e12
+    return {**base, "ms": ms, "tflops": tflops, "peak_extra_mib": peak}
+
+
+def check17(torch, window: int) -> None:
+    """Before timing: the Triton path with a window and with GQA agrees with the float64 reference (flash-attn's rule)."""
+    import attn_lib
+    import torch.nn.functional as F
+    from attn_lib.flash import _flash_unchecked
+    from attn_lib.tolerances import assert_flash_rule
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 8, 300, 64, device="cuda", generator=gen)  # (B,H,L,D)
+    k, v = (torch.randn(2, 2, 300, 64, device="cuda", generator=gen) for _ in range(2))  # (B,H_kv,S,D)
+    for dtype in (torch.float16, torch.bfloat16):
+        ql, kl, vl = (x.to(dtype) for x in (q, k, v))
+        ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), is_causal=True, enable_gqa=True,
+                                    window_size=(window, 0))  # (B,H,L,D)
+        keep = torch.ones(300, 300, dtype=torch.bool, device="cuda").tril().triu(-window)  # (L,S) band, by hand
+        sdpa = F.scaled_dot_product_attention(ql, kl, vl, attn_mask=keep, enable_gqa=True)  # (B,H,L,D)
+        with torch.no_grad():
+            out = _flash_unchecked(ql, kl, vl, is_causal=True, scale=64 ** -0.5, key_padding_mask=None,
+                                   backend="triton", check_overflow=False, window_size=(window, 0))  # (B,H,L,D)
+        assert_flash_rule(out, sdpa, ref, what=f"triton GQA + window {window} {dtype}")
+
+
+def format_table17(results: list) -> str:
+    """窗口 / GQA 两组排成表：TFLOP/s（按可见的对数）、相对 SDPA 的倍数、相对最小 N 的时间倍数、显存。"""
+    head = (f"{'pass':>7} {'dtype':>8} {'N':>6} {'impl':>13} {'ms':>9} {'TFLOP/s':>8} {'x SDPA':>7} {'t/t(N_min)':>10} "
+            f"{'MiB':>8}")
+    lines = [head, "-" * len(head)]
+    ok = [r for r in results if "error" not in r]
+    first = {(r["mode"], r["dtype"], r["impl"]): r for r in sorted(ok, key=lambda r: -r["N"])}  # smallest N wins
+    order = WINDOW_IMPLS + GQA_IMPLS
+    for r in sorted(results, key=lambda r: (PASSES.index(r["mode"]), r["dtype"], r["N"], order.index(r["impl"]))):
+        prefix = f"{r['mode']:>7} {r['dtype']:>8} {r['N']:>6} {r['impl']:>13}"
+        if "error" in r:
+            lines.append(f"{prefix} {r['error']:>9}")
+            continue
+        sdpa = next((o for o in ok if (o["mode"], o["dtype"], o["N"]) == (r["mode"], r["dtype"], r["N"])
+                     and o["impl"] in ("sdpa_band", "sdpa_gqa")), None)
+        ratio = f"{r['ms'] / sdpa['ms']:.2f}" if sdpa else "-"
+        growth = r["ms"] / first[(r["mode"], r["dtype"], r["impl"])]["ms"]
+        lines.append(f"{prefix} {r['ms']:>9.3f} {r['tflops']:>8.1f} {ratio:>7} {growth:>10.2f} {r['peak_extra_mib']:>8.0f}")
+    return "\n".join(lines)
+
+
+def _run17(args, argv, torch) -> int:
+    """The window or GQA suite on the GPU: check, time, print, save."""
+    check17(torch, args.window if args.suite == "window" else 64)
+    info = machine(torch)
+    print(f"# {info['gpu']} (sm_{info['capability'].replace('.', '')}), CUDA {info['cuda']}, torch {info['torch']}, "
+          f"triton {info['triton']}, {info['date']}")
+    print("# checks: none on any side (attn_lib's unchecked core on the Triton path, SDPA as is); "
+          + (f"window_size=({args.window}, 0), causal" if args.suite == "window" else "H=32, H_kv=8, causal"))
+    results = []
+    for mode in args.passes:
+        for dtype in args.dtypes:
+            for D in args.head_dims:
+                for N in args.sizes:
+                    for impl in args.impls:
+                        r = bench_case17(torch, impl, dtype, N, D, args, mode)
+                        results.append(r)
+                        print(f"  {mode} {dtype} D={D} N={N} {impl}: "
+                              + (f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
+    print(format_table17(results))
+    out = args.out or (None if (args.quick or args.no_save) else RESULTS_17[args.suite])
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"machine": info, "config": {"time": "triton.testing.do_bench median, ms",
+                                               "flops": "4*B*H*pairs*D (fwd), 3.5 x (fwd_bwd); pairs = band_pairs"},
+                   "command": "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   "results": results}
+        out.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.compile_only is not None:
@@ -307,6 +525,8 @@ def main(argv=None) -> int:
         print("Triton was imported in interpreter mode before bench/gpu.py could pin compiled mode; "
               "run it as a script: python bench/gpu.py", file=sys.stderr)
         return 2
+    if args.suite:
+        return _run17(args, argv, torch)
     return _run(args, argv, torch, kernel, lambda dtype: kernel_flags(dtype, torch.device("cuda", 0), False))
 
 
