@@ -717,6 +717,11 @@ ROWS += [
      ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
     ("tiny_model.RotaryMultiHeadAttention: a value", lambda: tiny_model.RotaryMultiHeadAttention(8, 2)(t(1, 3, 8), None, t(1, 3, 8)),
      ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
+    ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
+     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
+    ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
+     r"^dim=2 is out of range for a 2-D tensor; dim must be in \[-2, 1\]$"),
+    ("padding_mask: S negative", lambda: attn_lib.padding_mask([2, 1], S=-1), ValueError, r"^S must be an int >= 0, got -1$"),
     ("tiny_model.RotaryMultiHeadAttention: odd head dim, the suggestion", lambda: tiny_model.RotaryMultiHeadAttention(6, 2),
      ValueError, r"^head dim D = d_model / num_heads must be even for rotary positions \(RoPE rotates pairs of "
                  r"channels\), got D=3; choose d_model and num_heads with an even D, e.g\. d_model=8$"),

@@ -126,3 +126,13 @@ def test_online_weighted_sum_of_no_keys_is_zeros_on_the_device_of_x():
     meta = torch.device("meta")  # a device other than the CPU that every machine has
     got = online_weighted_sum(torch.zeros(2, 0, device=meta), torch.zeros(2, 0, 3, device=meta), 2)
     assert got.device == meta and got.shape == (2, 3)
+
+
+def test_online_softmax_builds_its_running_state_on_the_input_device():
+    # Under a "meta" default device a tensor created without an explicit device lands on meta.
+    x = randn64(3, 10)
+    want = online_softmax(x, 4)
+    with torch.device("meta"):
+        got = online_softmax(x, 4)
+    assert got.device == x.device
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
