@@ -172,7 +172,8 @@ class MultiHeadAttention(nn.Module):
                 queries see everything cached so far and their own block (the rows of a full
                 forward over the sequence so far). A sliding-window layer's cache keeps only the
                 last ``left`` positions (``KVCache.seen`` counts all). ``mask`` then covers the
-                ``len(kv_cache) + S`` keys attended: the stored ones and the new ones.
+                ``len(kv_cache) + S`` keys attended, the stored ones and the new ones: absolute
+                positions ``kv_cache.start`` .. ``kv_cache.seen + S - 1``.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).

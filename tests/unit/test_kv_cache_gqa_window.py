@@ -157,3 +157,24 @@ def test_append_counts_positions_seen():
     cache.append(torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4))
     assert (len(cache), cache.seen, cache.start) == (5, 5, 0)
     assert repr(cache) == "KVCache(length=5, keys=(1, 2, 5, 4))"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_key_padding_in_a_rolling_cache_covers_the_stored_and_the_new_keys(backend):
+    """The mask of a call covers the keys it attends: absolute positions cache.start .. cache.seen + L - 1."""
+    from attn_lib import padding_mask
+
+    layer = _layer(MultiHeadAttention, 6, 2, (2, 0), backend)
+    ref = _layer(MultiHeadAttention, 6, 2, (2, 0), "reference")
+    lengths = [N, 4, 6]
+    x = _x(B=3)
+    pad = padding_mask(lengths)  # (B,1,1,N)
+    cache = KVCache()
+    with torch.no_grad():
+        full = ref(x, mask=pad)
+        outs = []
+        for a, b in CHUNKS:
+            outs.append(layer(x[:, a:b], mask=pad[..., cache.start:b], kv_cache=cache))  # (B,b-a,C)
+        got = torch.cat(outs, dim=1)  # (B,N,C)
+    for s, n in enumerate(lengths):
+        assert_close(got[s, :n], full[s, :n], dtype=torch.float32, what=f"sentence {s} on {backend}")
