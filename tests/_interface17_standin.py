@@ -25,15 +25,16 @@ def _has_kw(fn, name: str) -> bool:
     return name in inspect.signature(fn).parameters
 
 
-def _check_window_size(window_size, is_causal):
+def _check_window_size(window_size, is_causal=False):
+    """The wording of gqa-paths' check_window_size (attn_lib/_validate/values.py on that branch), shortened."""
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or any(isinstance(w, bool) or not isinstance(w, int) for w in window_size)):
-        raise TypeError(f"window_size must be a pair of ints (left, right), -1 = unbounded, got {window_size!r}")
+        raise TypeError(f"window_size must be a pair (left, right) of ints, as a tuple or list, got {window_size!r}")
     left, right = window_size
     if left < -1 or right < -1:
-        raise ValueError(f"window_size must be a pair of ints >= -1 (-1 = unbounded), got {tuple(window_size)}")
+        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded on that side), got {(left, right)!r}")
     if is_causal and right not in (-1, 0):
-        raise ValueError(f"window_size right must be 0 or -1 with is_causal=True, got {tuple(window_size)}")
+        raise ValueError(f"window_size's right side must be 0 or -1 with is_causal=True, got {(left, right)!r}")
     return int(left), int(right)
 
 
