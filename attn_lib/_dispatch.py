@@ -10,8 +10,13 @@
 - ``"auto"`` (the layers' default): ``"reference"`` when the scores are asked for, else ``"sdpa"``.
 
 Nothing here checks its input: the layers checked it once, in ``attn_lib._validate.layers``.
-With ``is_causal`` query i sees key j iff ``j <= i + causal_offset``: 0 is torch's top-left
-``is_causal``, ``S - L`` the bottom-right alignment of KV-cache decoding.
+Which keys a query sees is one band of diagonals (``attn_lib._band``): with ``is_causal`` query
+i sees key j iff ``j <= i + causal_offset`` (0 is torch's top-left ``is_causal``, ``S - L`` the
+bottom-right alignment of KV-cache decoding), and ``window_size=(left, right)`` (flash-attn's
+meaning, -1 unbounded) adds ``i + causal_offset - left <= j <= i + causal_offset + right``.
+k and v may have H_kv heads, H_kv dividing H (grouped-query attention, GQA; MQA is H_kv = 1):
+query head h uses key/value head h // (H / H_kv), as SDPA's ``enable_gqa``; no path here
+repeats K or V.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import flash as _flash
+from ._band import NO_WINDOW, band, band_mask
 from ._numerics import overflow_error, work_dtype
 from .reference import _attention_core
 
@@ -34,9 +40,8 @@ def layer_mask(mask):
     return mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))  # (S,) or (L,S) -> (1,1,L,S) etc.
 
 
-def _with_causal(mask, L: int, S: int, causal_offset: int, device):
-    """mask combined with the causal rule (query i sees key j iff j <= i + causal_offset)."""
-    keep = torch.ones(L, S, dtype=torch.bool, device=device).tril(causal_offset)  # (L,S)
+def _with_band(mask, keep):
+    """mask combined with the band ``keep`` (bool (L, S), True = visible)."""
     if mask is None:
         return keep
     if mask.dtype == torch.bool:
@@ -45,42 +50,43 @@ def _with_causal(mask, L: int, S: int, causal_offset: int, device):
 
 
 def attend(q, k, v, mask, *, is_causal: bool, scale: float, need_weights: bool, backend: str, check_finite: bool,
-           causal_offset: int = 0):
+           causal_offset: int = 0, window_size=NO_WINDOW):
     """层内部用的注意力（输入已检查过）：返回（输出 (B, H, L, Dv)，分数 (B, H, L, S) 或 None）。
 
     Args:
-        q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv), checked.
+        q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv), checked; H_kv divides H.
         mask: None or a 4-D bool / additive float mask broadcastable to (B, H, L, S)
             (``layer_mask``); a bool (B or 1, 1, 1, S) key padding mask for "torch" / "triton".
-        is_causal, causal_offset: the causal rule (see the module docstring).
+        is_causal, causal_offset, window_size: the band of visible keys (module docstring).
         scale: the score scale (a float).
         need_weights: also return the scores (only "reference" and "auto" have them).
         backend: a name from ``BACKENDS``.
         check_finite: raise the overflow error when a score overflows (the inputs were
             scanned for nan / inf at the door).
     """
+    window_size = tuple(window_size)
     if backend == "auto":
         backend = "reference" if need_weights else "sdpa"
     if backend == "reference" or q.numel() == 0 or k.shape[2] == 0:
-        return _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, need_weights)
+        return _reference(q, k, v, mask, is_causal, causal_offset, window_size, scale, check_finite, need_weights)
     if backend == "sdpa":
-        return _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite), None
+        return _sdpa(q, k, v, mask, is_causal, causal_offset, window_size, scale, check_finite), None
     B, S = q.shape[0], k.shape[2]
     padding = None if mask is None else mask[:, 0, 0, :].expand(B, S)  # (B or 1,1,1,S) -> (B,S)
     out = _flash._flash_unchecked(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=padding, backend=backend,
-                           check_overflow=check_finite, causal_offset=causal_offset)  # (B,H,L,Dv)
+                                  check_overflow=check_finite, causal_offset=causal_offset,
+                                  window_size=window_size)  # (B,H,L,Dv)
     return out, None
 
 
-def _reference(q, k, v, mask, is_causal, causal_offset, scale, check_finite, need_weights):
+def _reference(q, k, v, mask, is_causal, causal_offset, window_size, scale, check_finite, need_weights):
     B, H, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
     if B * H * L == 0:  # no query at all: nothing to compute (and nothing to reduce over)
         out = q.new_zeros(B, H, L, Dv)  # (B,H,L,Dv)
         return out, (q.new_zeros(B, H, L, S) if need_weights else None)  # (B,H,L,S)
-    if is_causal:
-        mask = _with_causal(mask, L, S, causal_offset, q.device)  # -> broadcasts to (B,H,L,S)
-    out, scores = _attention_core(q, k, v, mask, False, scale, check_overflow=check_finite)  # (B,H,L,Dv), (B,H,L,S)
+    out, scores = _attention_core(q, k, v, mask, is_causal, scale, check_overflow=check_finite,
+                                  window_size=window_size, offset=causal_offset)  # (B,H,L,Dv), (B,H,L,S)
     return out, (scores if need_weights else None)
 
 
@@ -94,13 +100,18 @@ def _may_overflow(q, k, scale: float) -> bool:
     return max(scale, 1.0) * q.shape[-1] * q_max * k_max >= torch.finfo(work_dtype(q.dtype)).max
 
 
-def _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite):
-    """torch's fused attention with the reference's conventions; the reference core where it could overflow."""
+def _sdpa(q, k, v, mask, is_causal, causal_offset, window_size, scale, check_finite):
+    """torch's fused attention with the reference's conventions; the reference core where it could overflow.
+
+    GQA through SDPA's own ``enable_gqa``; a window (SDPA has none) and a shifted or masked
+    causal rule (torch refuses mask + is_causal) as one explicit band mask combined with ``mask``.
+    """
     L, S = q.shape[2], k.shape[2]
     if check_finite and _may_overflow(q, k, scale):  # the reference core raises exactly as `attention` does
-        return _reference(q, k, v, mask, is_causal, causal_offset, scale, True, False)[0]
-    if is_causal and (mask is not None or causal_offset):  # torch refuses mask + is_causal: combine them here
-        mask = _with_causal(mask, L, S, causal_offset, q.device)  # -> broadcasts to (B,H,L,S)
+        return _reference(q, k, v, mask, is_causal, causal_offset, window_size, scale, True, False)[0]
+    if window_size != NO_WINDOW or (is_causal and (mask is not None or causal_offset)):
+        lo, hi = band(is_causal, window_size, causal_offset)
+        mask = _with_band(mask, band_mask(L, S, lo, hi, q.device))  # -> broadcasts to (B,H,L,S)
         is_causal = False
     dtype = q.dtype
     if mask is not None and mask.is_floating_point() and work_dtype(dtype) != dtype:
@@ -108,7 +119,8 @@ def _sdpa(q, k, v, mask, is_causal, causal_offset, scale, check_finite):
         q, k, v, mask = q.to(work_dtype(dtype)), k.to(work_dtype(dtype)), v.to(work_dtype(dtype)), mask.float()
     elif mask is not None and mask.is_floating_point():
         mask = mask.to(dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=is_causal)  # (B,H,L,Dv)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=is_causal,
+                                         enable_gqa=k.shape[1] != q.shape[1])  # (B,H,L,Dv)
     if mask is not None:  # rows that see no key: zeros (torch leaves nan there)
         dead = ~mask.any(-1, keepdim=True) if mask.dtype == torch.bool else \
             torch.isneginf(mask).all(-1, keepdim=True)  # (..,L or 1,1)

@@ -17,6 +17,24 @@ leaves the cache as it was. The first layer that uses a cache owns it; another l
 refused (its keys would be mixed with the first layer's) until ``reset()``.
 Per step the work is one query against S keys and the cache holds 2·B·H·S·D numbers: both grow
 linearly with the position; over N steps the total work grows as N².
+
+Grouped-query attention (GQA, ``MultiHeadAttention(num_kv_heads=H_kv)``): the cache stores the
+H_kv shared key/value heads, not H: 2·B·H_kv·S·D numbers, H / H_kv times fewer.
+
+Sliding windows (``window_size=(left, right)``): a later query never sees a key more than
+``left`` positions back, so a windowed layer keeps only the last ``left`` positions after each
+call, a rolling buffer as in Mistral 7B (kept in position order, so the alignment below stays
+one offset). During a call of L new positions the attention reads at most left + L keys; after
+any number of steps the cache holds at most ``left`` positions, whatever the sequence's length.
+Two counts therefore differ:
+
+- ``cache.seen``: positions seen since the last ``reset()`` (the absolute position of the next
+  token: RoPE rotates the new queries and keys by ``seen, seen + 1, ...``);
+- ``len(cache)``: positions stored (``keys.shape[2]``); they are the absolute positions
+  ``cache.start = seen - len(cache)`` onwards. The new queries are aligned bottom-right on the
+  stored keys: offset ``len(cache)`` (the positions before this step, relative to ``start``).
+
+Without a window the two are equal and ``start`` is 0.
 """
 from __future__ import annotations
 
@@ -31,7 +49,10 @@ class KVCache:
     """KV 缓存：按 (B, H, S, D) 存已经算过的键和值，每一步把新的键和值接在后面。
 
     Attributes:
-        keys, values: the cached (B, H, S, D) and (B, H, S, Dv) tensors (None while empty).
+        keys, values: the cached (B, H, S, D) and (B, H, S, Dv) tensors (None while empty);
+            H is the layer's number of key/value heads H_kv.
+        seen: positions seen since the last ``reset()`` (``len(self)`` counts those stored;
+            a sliding-window layer keeps only the last ``left`` of them, see the module docstring).
 
     One cache serves one attention layer and one batch: the first layer that uses it owns
     it (another layer gets a clear error), and every ``append`` must bring the same batch
@@ -43,14 +64,20 @@ class KVCache:
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self._owner = None  # weakref to the layer that uses this cache
+        self.seen = 0  # positions seen; len(self) of them are stored, the last ones
 
     def __len__(self) -> int:
         return 0 if self.keys is None else int(self.keys.shape[2])
 
     @property
     def length(self) -> int:
-        """缓存里已有的位置数 S。"""
+        """缓存里存着的位置数 S（滑动窗口层只留最后 left 个，见 ``seen``）。"""
         return len(self)
+
+    @property
+    def start(self) -> int:
+        """缓存里第一个键的绝对位置：``seen - len(self)``（不加窗口时是 0）。"""
+        return self.seen - len(self)
 
     def numel(self) -> int:
         """缓存里存的数的个数（键和值合计，2·B·H·S·D）。"""
@@ -60,6 +87,7 @@ class KVCache:
         """清空缓存（换一批序列或换一层时用）。"""
         self.keys = self.values = None
         self._owner = None
+        self.seen = 0
 
     def append(self, k: torch.Tensor, v: torch.Tensor):
         """把新位置的键 k (B, H, S_new, D) 和值 v (B, H, S_new, Dv) 接到缓存后面，返回全部的键和值。
@@ -72,7 +100,7 @@ class KVCache:
             ``(keys, values)``: (B, H, S_past + S_new, D) and (B, H, S_past + S_new, Dv).
         """
         check_cache_append(self, k, v)
-        self._store(*self._joined(k, v))
+        self._store(*self._joined(k, v), new=k.shape[2])
         return self.keys, self.values
 
     def _joined(self, k, v):
@@ -83,8 +111,18 @@ class KVCache:
         values = torch.cat((self.values, v), dim=2)  # (B,H,S_past,Dv) + (B,H,S_new,Dv) -> (B,H,S,Dv)
         return keys, values
 
-    def _store(self, keys, values, owner=None) -> None:
-        """Keep ``_joined``'s result; a layer passes itself as ``owner`` (bound at first use)."""
+    def _store(self, keys, values, owner=None, *, new: int, keep: int = -1) -> None:
+        """Keep ``_joined``'s result, which ends with ``new`` new positions; ``keep`` >= 0 keeps only the last ``keep``.
+
+        A layer passes itself as ``owner`` (bound at first use) and, with a sliding window
+        ``(left, right)``, ``keep=left``: a copy of the last ``left`` positions, so that the
+        memory of the older ones is freed (a slice would keep the whole tensor alive).
+        """
+        self.seen += int(new)
+        if 0 <= keep < keys.shape[2]:
+            first = keys.shape[2] - keep
+            keys = keys[:, :, first:].clone()  # (B,H,S,D) -> (B,H,keep,D)
+            values = values[:, :, first:].clone()  # (B,H,S,Dv) -> (B,H,keep,Dv)
         self.keys, self.values = keys, values
         if owner is not None and self._owner is None:
             self._owner = weakref.ref(owner)
@@ -118,7 +156,8 @@ class KVCache:
 
     def __repr__(self) -> str:
         shape = None if self.keys is None else tuple(self.keys.shape)
-        return f"KVCache(length={len(self)}, keys={shape})"
+        seen = f", seen={self.seen}" if self.seen != len(self) else ""  # a rolling window dropped the oldest
+        return f"KVCache(length={len(self)}{seen}, keys={shape})"
 
 
 __all__ = ["KVCache"]

@@ -19,7 +19,7 @@ from torch import nn
 from ._dispatch import attend, layer_mask
 from ._numerics import resolve_scale
 from ._validate import check_positive_int
-from ._validate.layers import check_layer_settings, check_matrices, check_self_attention_call
+from ._validate.layers import check_layer_settings, check_layer_window, check_matrices, check_self_attention_call
 
 
 class SelfAttention(nn.Module):
@@ -31,6 +31,8 @@ class SelfAttention(nn.Module):
         d_v: size of each value vector, hence of the output (default: ``d_k``).
         bias: give the three projections a bias.
         is_causal: hide later positions from each query (see ``attn_lib.causal_mask``).
+        window_size: None (default, no window) or ``(left, right)`` as in flash-attn: query i
+            sees keys i - left .. i + right (-1 = unbounded); with ``is_causal`` right is 0 or -1.
         backend: one of ``attn_lib.BACKENDS``: ``"auto"`` (default: the reference path when
             ``need_weights=True``, else torch's fused ``"sdpa"``), ``"reference"`` (always the
             reference path, the only one with scores), ``"sdpa"``, or the tiled FlashAttention
@@ -43,12 +45,14 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, d_k: int | None = None, d_v: int | None = None, *,
-                 bias: bool = False, is_causal: bool = False, backend: str = "auto", check_finite: bool = True):
+                 bias: bool = False, is_causal: bool = False, window_size=None, backend: str = "auto",
+                 check_finite: bool = True):
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.d_k = check_positive_int("d_k", d_k if d_k is not None else d_model)
         self.d_v = check_positive_int("d_v", d_v if d_v is not None else self.d_k)
         check_layer_settings(self, bias, is_causal, backend, check_finite)  # sets is_causal, backend, check_finite
+        self.window_size = check_layer_window(window_size, self.is_causal)  # (left, right), (-1, -1) = none
         self.w_q = nn.Linear(self.d_model, self.d_k, bias=bias)  # (C) -> (d_k)
         self.w_k = nn.Linear(self.d_model, self.d_k, bias=bias)  # (C) -> (d_k)
         self.w_v = nn.Linear(self.d_model, self.d_v, bias=bias)  # (C) -> (d_v)
@@ -93,13 +97,14 @@ class SelfAttention(nn.Module):
         k = self.w_k(x).unsqueeze(1)  # (B,L,C) -> (B,1,L,d_k)
         v = self.w_v(x).unsqueeze(1)  # (B,L,C) -> (B,1,L,d_v)
         out, scores = attend(q, k, v, layer_mask(mask), is_causal=self.is_causal, scale=resolve_scale(None, self.d_k),
-                             need_weights=need_weights, backend=self.backend,
-                             check_finite=self.check_finite)  # (B,1,L,d_v), (B,1,L,L) or None
+                             need_weights=need_weights, backend=self.backend, check_finite=self.check_finite,
+                             window_size=self.window_size)  # (B,1,L,d_v), (B,1,L,L) or None
         out = out.squeeze(1)  # (B,1,L,d_v) -> (B,L,d_v)
         return (out, scores.squeeze(1)) if need_weights else out  # scores (B,1,L,L) -> (B,L,L)
 
     def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}, is_causal={self.is_causal}"
+        window = f", window_size={self.window_size}" if self.window_size != (-1, -1) else ""
+        return (f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}, is_causal={self.is_causal}{window}"
                 + (f", backend={self.backend!r}" if self.backend != "auto" else ""))
 
 

@@ -32,15 +32,17 @@ ROPE_BASE = 10000.0  # the wavelength scale of RoPE (apply_rotary's default)
 class RotaryMultiHeadAttention(MultiHeadAttention):
     """带旋转位置编码的多头注意力：在 Q、K 投影之后、点积之前，把每个头的 q 和 k 按位置旋转。
 
-    Same parameters and arguments as ``MultiHeadAttention`` (self-attention only; the head dim
-    D = d_model / num_heads must be even). With a ``kv_cache`` the new tokens are at positions
-    ``len(cache) ..``, so cached keys keep the rotation of their own positions.
+    Same parameters and arguments as ``MultiHeadAttention`` (``num_kv_heads``, ``window_size``
+    included; self-attention only; the head dim D = d_model / num_heads must be even). With a
+    ``kv_cache`` the new tokens are at the absolute positions ``cache.seen ..`` (not
+    ``len(cache)``: a sliding window's cache drops its oldest positions), so cached keys keep the
+    rotation of their own positions.
     """
 
     rotary = True  # self-attention only, even head dim (checked by the constructor and at the door)
 
     def _positions(self, q, k, past: int):
-        """把 q (B,H,L,D) 和 k (B,H,S,D) 按位置 past, past+1, ... 旋转（S = L：自注意力）。"""
+        """把 q (B,H,L,D) 和 k (B,H_kv,S,D) 按绝对位置 past, past+1, ... 旋转（S = L：自注意力）。"""
         pos = torch.arange(past, past + q.shape[2], device=q.device)  # (L,)
         return _rotate(q, pos, ROPE_BASE), _rotate(k, pos, ROPE_BASE)  # (B,H,L,D), (B,H,S,D)
 
@@ -53,12 +55,14 @@ class TinyItModel(nn.Module):
         n_objects: number of possible answers (the readout's outputs).
         d_model: hidden size C.
         num_heads: H (2 in chapter 10).
+        num_kv_heads: H_kv key/value heads shared by the H query heads (None = H, chapter 10's
+            model; 1 = one key/value head for both query heads).
         positions: ``"none"``, ``"sinusoidal"`` (added to the embeddings) or ``"rope"``.
         max_len: longest sentence (size of the sinusoidal table).
     """
 
     def __init__(self, vocab_size: int, n_objects: int, *, d_model: int = 32, num_heads: int = 2,
-                 positions: str = "rope", max_len: int = 64):
+                 positions: str = "rope", max_len: int = 64, num_kv_heads: int | None = None):
         super().__init__()
         if positions not in POSITION_KINDS:
             raise ValueError(f"positions must be one of {POSITION_KINDS}, got {positions!r}")
@@ -67,7 +71,7 @@ class TinyItModel(nn.Module):
         self.positions = positions
         self.embed = nn.Embedding(vocab_size, d_model)  # (V) -> (C)
         cls = RotaryMultiHeadAttention if positions == "rope" else MultiHeadAttention
-        self.attn = cls(d_model, num_heads)
+        self.attn = cls(d_model, num_heads, num_kv_heads=num_kv_heads)
         self.readout = nn.Linear(d_model, n_objects)  # (C) -> (n_objects)
         self.register_buffer("pe", sinusoidal_positions(max_len, d_model), persistent=False)  # (max_len,C)
 
@@ -92,13 +96,14 @@ class TinyItModel(nn.Module):
         return self.readout(h), scores  # (B,C) -> (B,n_objects)
 
 
-def build_model(positions: str = "rope", *, seed: int = 0, d_model: int = 32, num_heads: int = 2) -> TinyItModel:
-    """按固定种子造一个 float64 的小模型（词表和答案表来自 ``attn_lib.it_data``）。"""
+def build_model(positions: str = "rope", *, seed: int = 0, d_model: int = 32, num_heads: int = 2,
+                num_kv_heads: int | None = None) -> TinyItModel:
+    """按固定种子造一个 float64 的小模型（词表和答案表来自 ``attn_lib.it_data``；num_kv_heads 见 ``TinyItModel``）。"""
     from . import it_data
 
     torch.manual_seed(seed)
     model = TinyItModel(len(it_data.VOCAB), len(it_data.OBJECTS), d_model=d_model, num_heads=num_heads,
-                        positions=positions)
+                        positions=positions, num_kv_heads=num_kv_heads)
     return model.double()
 
 
@@ -154,16 +159,25 @@ def accuracy(model: TinyItModel, data: dict) -> float:
 
 
 def without_head(model: TinyItModel, head: int) -> TinyItModel:
-    """去掉一个头：复制模型，把这个头的值投影清零（它的输出因此恒为 0），其余不变。"""
+    """去掉一个头：复制模型，把这个头的值投影清零（它的输出因此恒为 0），其余不变。
+
+    With shared key/value heads (``num_kv_heads`` < ``num_heads``) a value head serves several
+    query heads, so the query head's own output columns of ``out_proj`` are zeroed instead:
+    its contribution is 0 all the same, the other heads are unchanged.
+    """
     if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < model.attn.num_heads:
         raise ValueError(f"head must be an int in 0..{model.attn.num_heads - 1}, got {head!r}")
     ablated = copy.deepcopy(model)
-    C, D = ablated.attn.d_model, ablated.attn.head_dim
-    rows = slice(2 * C + head * D, 2 * C + (head + 1) * D)  # the value rows of this head in (3C, C)
+    attn = ablated.attn
+    C, D = attn.d_model, attn.head_dim
     with torch.no_grad():
-        ablated.attn.qkv.weight[rows] = 0.0
-        if ablated.attn.qkv.bias is not None:
-            ablated.attn.qkv.bias[rows] = 0.0
+        if attn.num_kv_heads != attn.num_heads:
+            attn.out_proj.weight[:, head * D:(head + 1) * D] = 0.0  # (C,C): the columns that read this head
+            return ablated
+        rows = slice(2 * C + head * D, 2 * C + (head + 1) * D)  # the value rows of this head in (3C, C)
+        attn.qkv.weight[rows] = 0.0
+        if attn.qkv.bias is not None:
+            attn.qkv.bias[rows] = 0.0
     return ablated
 
 
@@ -231,14 +245,19 @@ def object_vector_similarity(model: TinyItModel) -> dict:
     return result
 
 
-def run_experiment(positions: str = "rope", *, seed: int = 0, n_train: int = 3000, n_test: int = 1000) -> dict:
-    """第 10 章的实验：生成数据、按种子建模型、训练，返回模型、两个划分、编码后的张量和损失曲线。"""
+def run_experiment(positions: str = "rope", *, seed: int = 0, n_train: int = 3000, n_test: int = 1000,
+                   num_kv_heads: int | None = None) -> dict:
+    """第 10 章的实验：生成数据、按种子建模型、训练，返回模型、两个划分、编码后的张量和损失曲线。
+
+    ``num_kv_heads=1`` retrains the same model with one key/value head shared by both query heads
+    (GQA / MQA); the default None is chapter 10's model, unchanged.
+    """
     from . import it_data
 
     train_examples = it_data.make_split("train", n_train, seed=seed)
     test_examples = it_data.make_split("test", n_test, seed=seed)
     train_data, test_data = it_data.encode(train_examples), it_data.encode(test_examples)
-    model = build_model(positions, seed=seed)
+    model = build_model(positions, seed=seed, num_kv_heads=num_kv_heads)
     losses = train(model, train_data, seed=seed)
     return {"model": model, "train": train_examples, "test": test_examples, "train_data": train_data,
             "test_data": test_data, "losses": losses}

@@ -2,7 +2,8 @@
 
 One function per door: ``check_self_attention_call`` (chapter 5's ``SelfAttention``) and
 ``check_layer_call`` (chapter 7's two multi-head classes and chapter 10's rotary one; the KV
-cache's own door ``KVCache.append`` is in ``_validate/sequences.py``). Each checks everything a call could get wrong,
+cache's own door ``KVCache.append`` is in ``_validate/sequences.py``; head counts, windows and the
+layer's ``kv_cache`` argument in ``_validate/heads.py``). Each checks everything a call could get wrong,
 *before* anything changes (a KV cache is extended only after the whole call succeeded), scans
 each distinct input for nan / inf at most once (``check_finite``), and leaves the shaping of
 masks and the choice of attention path to ``attn_lib._dispatch``.
@@ -12,9 +13,10 @@ from __future__ import annotations
 import torch
 
 from .._dispatch import BACKENDS
-from . import (all_finite, check_bool, check_divisible, check_last_dim, check_mask, check_mask_shape, check_rank,
+from . import (all_finite, check_bool, check_last_dim, check_mask, check_mask_shape, check_rank,
                check_triton_device)
 from .flash import MAX_HEAD_DIM
+from .heads import check_cache_fits, check_heads, check_kv_cache, check_layer_window  # noqa: F401  (re-exported)
 
 _NO_SCORES = ("sdpa", "torch", "triton")  # backends that never store the (L, S) scores
 
@@ -35,18 +37,6 @@ def check_layer_settings(layer, bias, is_causal, backend, check_finite) -> None:
     layer.is_causal = check_bool("is_causal", is_causal)
     layer.backend = check_backend(backend)
     layer.check_finite = check_bool("check_finite", check_finite)
-
-
-def check_heads(layer, d_model, num_heads, *, even_head_dim: bool = False) -> None:
-    """多头层的尺寸检查：num_heads 整除 d_model；旋转位置编码（RoPE）还要求每头维度 D 是偶数。"""
-    layer.head_dim = check_divisible(d_model, num_heads)
-    layer.d_model, layer.num_heads = int(d_model), int(num_heads)
-    if even_head_dim and layer.head_dim % 2:
-        D = layer.head_dim
-        raise ValueError(
-            f"head dim D = d_model / num_heads must be even for rotary positions (RoPE rotates pairs of "
-            f"channels), got D={D}; choose d_model and num_heads with an even D, e.g. d_model={num_heads * (D + 1)}"
-        )
 
 
 def check_need_weights(need_weights, backend: str) -> None:
@@ -219,54 +209,7 @@ def _check_key_value(query, key, value) -> None:
         )
 
 
-def check_kv_cache(cache, layer, self_attention: bool, B: int, dtype, device) -> int:
-    """层的 kv_cache 参数：是 KVCache、只用于自注意力、只服务这一层、批大小 / 头 / 精度 / 设备与缓存一致；返回缓存长度。"""
-    from ..kv_cache import KVCache
-
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"kv_cache must be an attn_lib.KVCache or None, got {type(cache).__name__}")
-    if not self_attention:
-        raise ValueError("kv_cache works with self-attention only: leave key and value as None")
-    owner = cache._owner() if cache._owner is not None else None
-    if cache._owner is not None and owner is not layer:
-        raise ValueError(
-            "kv_cache already serves another layer; one cache serves one attention layer (its keys and "
-            "values come from that layer's projections): give each layer its own KVCache, or call "
-            "cache.reset() before reusing it"
-        )
-    H, D = layer.num_heads, layer.head_dim
-    check_cache_fits(cache, B, H, D, D, dtype, device)
-    return 0 if cache.keys is None else int(cache.keys.shape[2])  # len(cache), without leaving this package
-
-
-def check_cache_fits(cache, B: int, H: int, D: int, Dv: int, dtype, device) -> None:
-    """新的键和值能否接到缓存后面：批大小、头数、头维度、精度、设备都要与缓存里的一致。"""
-    if cache.keys is None:
-        return
-    cB, cH, _, cD = cache.keys.shape
-    cDv = cache.values.shape[-1]
-    if B != cB:
-        raise ValueError(
-            f"the cache holds a batch of B={cB} sequences but the new keys have B={B}; "
-            "one cache serves one batch: call cache.reset() (or use a new KVCache) for another batch"
-        )
-    if (H, D, Dv) != (cH, cD, cDv):
-        raise ValueError(
-            f"the cache holds H={cH} heads of D={cD} (values Dv={cDv}) but the new keys/values have "
-            f"H={H}, D={D}, Dv={Dv}; one cache serves one attention layer"
-        )
-    if dtype != cache.keys.dtype:
-        raise TypeError(
-            f"the cache holds {cache.keys.dtype} but the new keys are {dtype}; keep one dtype for a whole "
-            "generation (or cache.reset())"
-        )
-    if torch.device(device) != cache.keys.device:
-        raise ValueError(
-            f"the cache is on {cache.keys.device} but the new keys are on {device}; move the inputs to "
-            f"{cache.keys.device} (or cache.reset())"
-        )
-
-
 __all__ = ["check_backend", "check_layer_settings", "check_heads", "check_need_weights", "check_tensor_layout",
            "check_sequence_layout", "check_sequence_input", "check_layer_mask", "check_flash_inputs", "check_matrices",
-           "check_self_attention_call", "check_layer_call", "check_kv_cache", "check_cache_fits"]
+           "check_self_attention_call", "check_layer_call", "check_kv_cache", "check_cache_fits",
+           "check_layer_window"]

@@ -178,7 +178,8 @@ def check_train_args(steps, batch_size, lr) -> tuple[int, int, float]:
 
 def check_cache_append(cache, k, v) -> None:
     """KVCache.append 的入口检查：k (B, H, S, D)、v (B, H, S, Dv) 是同精度同设备的浮点张量，且与缓存相容。"""
-    from .layers import check_cache_fits, check_tensor_layout  # (layers imports the mask check, which imports masks)
+    from .heads import check_cache_fits
+    from .layers import check_tensor_layout  # (layers imports the mask check, which imports masks)
 
     for name, t in (("k", k), ("v", v)):
         check_tensor_layout(name, t, "(B, H, S, D)")

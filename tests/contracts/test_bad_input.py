@@ -803,6 +803,54 @@ ROWS += [
 ]
 
 
+# --- issue 17, branch gqa-layers: shared key/value heads and sliding windows in the layers ---------
+# (a separate block, to keep apart from gqa-paths' rows; the window wording is the shared
+# check_window_size's: the layers say what attention and flash_attention say)
+def _gqa_layer(**kw):
+    return lambda: MultiHeadAttention(24, 6, **kw)
+
+
+def _cache_with_heads(H_kv):
+    cache = KVCache()
+    cache.append(torch.zeros(1, H_kv, 3, 4), torch.zeros(1, H_kv, 3, 4))
+    return cache
+
+
+ROWS += [
+    ("MultiHeadAttention: num_kv_heads not dividing num_heads", _gqa_layer(num_kv_heads=4), ValueError,
+     r"^num_kv_heads must divide num_heads=6 .*got 4; choose one of 1, 2, 3, 6$"),
+    ("MultiHeadAttention: num_kv_heads 0", _gqa_layer(num_kv_heads=0), ValueError,
+     r"num_kv_heads must be a positive int, got 0"),
+    ("MultiHeadAttention: num_kv_heads float", _gqa_layer(num_kv_heads=2.0), TypeError,
+     r"num_kv_heads must be a positive int, got 2.0"),
+    ("MultiHeadAttention: num_kv_heads more than num_heads", _gqa_layer(num_kv_heads=12), ValueError,
+     r"^num_kv_heads must divide num_heads=6 .*got 12"),
+    ("MultiHeadAttention: window_size a string", _gqa_layer(window_size="full"), TypeError,
+     r"^window_size must be a pair \(left, right\) of ints"),
+    ("MultiHeadAttention: window_size of floats", _gqa_layer(window_size=(1.5, 0)), TypeError,
+     r"^window_size must be a pair \(left, right\) of ints"),
+    ("MultiHeadAttention: window_size below -1", _gqa_layer(window_size=(-2, 0)), ValueError,
+     r"^window_size must be a pair of ints >= -1"),
+    ("MultiHeadAttention: causal window looking right", _gqa_layer(window_size=(3, 2), is_causal=True), ValueError,
+     r"^window_size's right side must be 0 or -1 with is_causal=True"),
+    ("LoopedMultiHeadAttention: num_kv_heads not dividing num_heads",
+     lambda: LoopedMultiHeadAttention(24, 6, num_kv_heads=4), ValueError, r"^num_kv_heads must divide num_heads=6"),
+    ("LoopedMultiHeadAttention: causal window looking right",
+     lambda: LoopedMultiHeadAttention(24, 6, window_size=(0, 1), is_causal=True), ValueError,
+     r"^window_size's right side must be 0 or -1"),
+    ("RotaryMultiHeadAttention: num_kv_heads not dividing num_heads",
+     lambda: tiny_model.RotaryMultiHeadAttention(24, 4, num_kv_heads=3), ValueError,
+     r"^num_kv_heads must divide num_heads=4 .*choose one of 1, 2, 4$"),
+    ("SelfAttention: window_size below -1", lambda: SelfAttention(8, window_size=(0, -3)), ValueError,
+     r"^window_size must be a pair of ints >= -1"),
+    ("MultiHeadAttention: kv_cache of a layer with other kv heads",
+     lambda: MultiHeadAttention(24, 6, num_kv_heads=3)(torch.zeros(1, 2, 24), kv_cache=_cache_with_heads(2)),
+     ValueError, r"the cache holds H=2 heads of D=4 .* new keys/values have H=3, D=4"),
+    ("tiny_model.TinyItModel: num_kv_heads not dividing num_heads",
+     lambda: tiny_model.TinyItModel(5, 3, num_heads=2, num_kv_heads=3), ValueError, r"^num_kv_heads must divide num_heads=2"),
+]
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
 def test_bad_input_gives_clear_error(row):
     _, call, exc, pattern = row
