@@ -174,7 +174,8 @@ def band_args(is_causal: bool, window_size=NO_WINDOW, causal_offset: int = 0, L:
         ``{"band_lo": int, "band_hi": int, "HAS_LO": bool, "HAS_HI": bool}`` (an unbounded side
         passes 0).
     """
-    lo, hi = band(is_causal, window_size, causal_offset)
+    left, right = (int(side) for side in window_size)
+    lo, hi = band(is_causal, (left, right), int(causal_offset))
     if lo is not None and lo <= -(L - 1):
         lo = None
     if hi is not None and hi >= S - 1:
