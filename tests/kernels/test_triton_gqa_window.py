@@ -180,6 +180,34 @@ def test_blocks_outside_the_band_are_never_read():
             assert_close(got.cpu()[:, :, keep_k], ref[:, :, keep_k], what=name)
 
 
+def test_no_repeated_keys_or_values_are_allocated():
+    # Every tensor that torch creates during the forward and backward calls (the interpreter's storage copies
+    # included, counted in bytes) is smaller than one repeated K or V, (B, H, S, D) or (B, H, S, Dv), or an
+    # unsummed per-query-head dK, dV: the kernels read the shared head in place and sum dK, dV on chip.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Sizes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numels = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.numels += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
+                            if isinstance(t, torch.Tensor)]
+            return out
+
+    B, H, H_kv, L, S = 1, 8, 1, 5, 37
+    q, k, v, dout, _ = make_case(B, H, H_kv, L, S, False, seed=7)
+    ql, kl, vl, dol = (t.to(DEVICE, torch.float32) for t in (q, k, v, dout))
+    with Sizes() as sizes:
+        out, lse = flash_attention_triton(ql, kl, vl, enable_gqa=True, window_size=(3, 0))
+        _, dk, dv = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, enable_gqa=True, window_size=(3, 0))
+    assert dk.shape == (B, H_kv, S, D) and dv.shape == (B, H_kv, S, DV)
+    assert max(sizes.numels) >= kl.numel()  # the recorder sees the allocations
+    assert max(sizes.numels) < B * H * S * min(D, DV), max(sizes.numels)
+
+
 def test_the_door_refuses_bad_heads_and_windows():
     q = torch.zeros(1, 6, 5, 16, device=DEVICE)
     k2, k4 = torch.zeros(1, 2, 7, 16, device=DEVICE), torch.zeros(1, 4, 7, 16, device=DEVICE)
