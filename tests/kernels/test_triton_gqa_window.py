@@ -5,8 +5,9 @@ against a float64 answer computed here by an independent plain-torch formula: K 
 over the group with ``repeat_interleave`` (in this test only; the kernels read the shared head in
 place) and the visible band built by a loop from flash-attn's definition (query i sees key j iff
 ``i + offset - left <= j <= i + offset + right``, -1 = unbounded; ``is_causal`` hides j > i + offset).
-float32 must meet the float32 tolerance of ``attn_lib.tolerances``; float16 follows flash-attn's
-2x rule (error at most twice that of the same formula computed in float16, plus a small floor).
+float32 must meet the float32 tolerance of ``attn_lib.tolerances``; float16 and bfloat16 follow
+flash-attn's 2x rule (error at most twice that of the same formula computed in that precision,
+plus a small floor).
 Without a GPU this runs under Triton's interpreter (attn_lib.device sets it once per process),
 so the sizes are tiny; block sizes 16 and 32 do not divide the odd lengths.
 """
@@ -112,7 +113,7 @@ def run_case(shape, window, causal, offset, padding, dtype, blocks, seed=0, chec
     return ref_out, ref_lse
 
 
-F32, F16 = torch.float32, torch.float16
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 CASES = [  # (B, H, H_kv, L, S), window, is_causal, causal_offset, padding, dtype, (block_m, block_n)
     ((1, 6, 2, 37, 29), (3, 2), False, 0, False, F32, (16, 16)),
     ((1, 8, 1, 19, 41), (5, 0), True, 0, True, F32, (16, 16)),  # MQA, L < S
@@ -125,6 +126,7 @@ CASES = [  # (B, H, H_kv, L, S), window, is_causal, causal_offset, padding, dtyp
     ((1, 6, 2, 37, 29), (3, 2), False, 0, True, F16, (16, 16)),
     ((1, 8, 1, 19, 41), (-1, 4), False, 0, False, F16, (32, 16)),
     ((1, 4, 4, 33, 33), (5, 0), True, 0, True, F16, (16, 32)),
+    ((1, 6, 2, 23, 19), (1, 0), True, 0, True, BF16, (16, 16)),  # bf16: every tl.dot in fp32 under the interpreter
 ]
 
 
