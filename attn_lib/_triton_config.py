@@ -1,4 +1,4 @@
-"""第 8、9 章（书中不单独讲）：Triton 核函数的配置策略——块大小、片上内存估计、网格分段、偏移用 int32 还是 int64（纯 Python，不导入 Triton）。
+"""第 8、9 章（书中不单独讲）：Triton 核函数的配置策略——块大小、片上内存估计、网格分段、偏移用 int32 还是 int64、对角线带的参数（纯 Python，不导入 Triton）。
 
 The kernels (``attn_lib/flash_triton.py``, ``attn_lib/flash_triton_backward.py``) take their
 tile sizes from ``candidate_configs``: a fixed list per kernel kind and element size, tried in
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ._band import NO_WINDOW, band
 from ._validate import check_choice
 from ._validate.flash import MAX_HEAD_DIM
 
@@ -161,5 +162,27 @@ def needs_int64(spans, max_block: int = MAX_HEAD_DIM) -> bool:
                for rows, rs, cols, cs in spans)
 
 
-__all__ = ["candidate_configs", "default_config", "grid_chunks", "needs_int64", "MAX_HEAD_DIM", "MAX_GRID_Y",
-           "SMEM_BUDGET", "SMEM_BUDGET_PRE_SM80", "INTERPRET_BLOCK"]
+def band_args(is_causal: bool, window_size=NO_WINDOW, causal_offset: int = 0, L: int = 0, S: int = 0) -> dict:
+    """核函数的对角线带参数：查询 i 看得见键 j 当且仅当 band_lo <= j - i <= band_hi（HAS_LO / HAS_HI 为 False 的一侧不设界）。
+
+    ``attn_lib._band.band(is_causal, window_size, causal_offset)`` for L queries and S keys,
+    normalised so that the kernels get small runtime ints: a side that every (i, j) satisfies
+    (``lo <= -(L - 1)``, ``hi >= S - 1``: a window wider than the sequence) becomes unbounded
+    (no masking work), and a side that hides everything is clamped to ``S`` / ``-L``.
+
+    Returns:
+        ``{"band_lo": int, "band_hi": int, "HAS_LO": bool, "HAS_HI": bool}`` (an unbounded side
+        passes 0).
+    """
+    left, right = (int(side) for side in window_size)
+    lo, hi = band(is_causal, (left, right), int(causal_offset))
+    if lo is not None and lo <= -(L - 1):
+        lo = None
+    if hi is not None and hi >= S - 1:
+        hi = None
+    return {"band_lo": 0 if lo is None else min(lo, S), "band_hi": 0 if hi is None else max(hi, -L),
+            "HAS_LO": lo is not None, "HAS_HI": hi is not None}
+
+
+__all__ = ["band_args", "candidate_configs", "default_config", "grid_chunks", "needs_int64", "MAX_HEAD_DIM",
+           "MAX_GRID_Y", "SMEM_BUDGET", "SMEM_BUDGET_PRE_SM80", "INTERPRET_BLOCK"]

@@ -13,11 +13,13 @@ from triton.runtime.errors import OutOfResources
 
 from ._numerics import base2_factor, dot_input_precision
 from . import _triton_config as _config
+from ._band import NO_WINDOW
+from ._triton_bwd_dq import _attn_bwd_dq
 from ._triton_config import (INTERPRET_BLOCK, MAX_GRID_Y, MAX_HEAD_DIM, SMEM_BUDGET, SMEM_BUDGET_PRE_SM80,  # noqa: F401
-                             _next_pow2, _smem_bytes, _smem_bytes_pre_sm80, candidate_configs, default_config,
-                             needs_int64)
+                             _next_pow2, _smem_bytes, _smem_bytes_pre_sm80, band_args, candidate_configs,
+                             default_config, needs_int64)
 from .flash_triton import _attn_fwd
-from .flash_triton_backward import _attn_bwd_dkdv, _attn_bwd_dq, _attn_bwd_preprocess
+from .flash_triton_backward import _attn_bwd_dkdv, _attn_bwd_preprocess
 
 
 def grid_chunks(n_heads: int, limit: int | None = None) -> list:
@@ -65,17 +67,21 @@ def _blocks(cfg: dict) -> dict:
 
 def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, causal: bool, scale: float,
            *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None, block_n: int | None = None,
-           capability: tuple | None = None, causal_offset: int = 0):
+           capability: tuple | None = None, causal_offset: int = 0, window_size=NO_WINDOW, enable_gqa=None):
     """启动前向核函数（输入已检查过）。返回 (out (B,H,L,Dv), lse (B,H,L) float32)。
 
     Args:
+        q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv) with H_kv dividing H (GQA:
+            query head h reads key/value head h // (H // H_kv) in place).
         interpret: Triton runs its interpreter in this process (picks the tile sizes).
         dot_fp32: compute every ``tl.dot`` in fp32; default ``interpret``.
         capability: the GPU's compute capability (tile sizes for GPUs before sm_80).
-        causal_offset: with ``causal``, query i sees key j iff ``j <= i + causal_offset``.
+        causal_offset, window_size: with ``causal``, the band of ``attn_lib._band.band(causal,
+            window_size, causal_offset)``: query i sees key j iff lo <= j - i <= hi.
+        enable_gqa: not read (the head counts decide; the door has checked them).
     """
     B, H, L, D = q.shape
-    S, Dv = k.shape[2], v.shape[3]
+    H_kv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     dot_fp32 = interpret if dot_fp32 is None else dot_fp32
     configs = candidate_configs(D, Dv, q.dtype, interpret, block_m=block_m, block_n=block_n, capability=capability)
     out = torch.empty(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv)
@@ -85,14 +91,15 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, 
     kpm, kpm_strides = _kpm_args(key_padding_mask, q)
     int64 = needs_int64(_spans(q, k, v, out) + [(S, kpm_strides[1], 1, 0)])
     sc = _scale_args(scale)
+    bands = band_args(causal, window_size, causal_offset, L, S)
 
     def run(cfg):
         for start, count in _chunks(B * H):
             _attn_fwd[(triton.cdiv(L, cfg["BLOCK_M"]), count)](
                 q, k, v, kpm, out, lse,  #
                 *q.stride(), *k.stride(), *v.stride(), *out.stride(), *kpm_strides,  #
-                H, L, S, sc["qk_scale"], int(causal_offset), start,  #
-                D=D, DV=Dv, CAUSAL=causal, HAS_KPM=key_padding_mask is not None,  #
+                H, H // H_kv, L, S, sc["qk_scale"], bands["band_lo"], bands["band_hi"], start,  #
+                D=D, DV=Dv, HAS_LO=bands["HAS_LO"], HAS_HI=bands["HAS_HI"], HAS_KPM=key_padding_mask is not None,  #
                 DOT_FP32=dot_fp32, INPUT_PRECISION=dot_input_precision(q.dtype, dot_fp32), INT64=int64,  #
                 SPLIT_SCALE=sc["SPLIT_SCALE"], **_blocks(cfg))
 
@@ -102,33 +109,37 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask, 
 
 def launch_backward(q, k, v, out, lse, dout, key_padding_mask, causal: bool, scale: float,
                     *, interpret: bool, dot_fp32: bool | None = None, block_m: int | None = None,
-                    block_n: int | None = None, capability: tuple | None = None, causal_offset: int = 0):
-    """启动三个反向核函数（输入已检查过）。返回 (dq, dk, dv)，形状和精度同 q, k, v。
+                    block_n: int | None = None, capability: tuple | None = None, causal_offset: int = 0,
+                    window_size=NO_WINDOW, enable_gqa=None):
+    """启动三个反向核函数（输入已检查过）。返回 (dq, dk, dv)，形状和精度同 q, k, v（dk、dv 是 H_kv 个头）。
 
     Args:
         out, lse: what ``launch`` returned for these inputs; dout: dLoss/dout (B, H, L, Dv).
-        interpret, dot_fp32, block_m, block_n, capability, causal_offset: as in ``launch``
-            (block_m: query blocks, block_n: key blocks, in both backward kernels).
+        interpret, dot_fp32, block_m, block_n, capability, causal_offset, window_size, enable_gqa:
+            as in ``launch`` (block_m: query blocks, block_n: key blocks, in both backward kernels).
+            GQA: one dK/dV program per key block of a key/value head sums over its query heads.
     """
     B, H, L, D = q.shape
-    S, Dv = k.shape[2], v.shape[3]
+    H_kv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     dot_fp32 = interpret if dot_fp32 is None else dot_fp32
     if B * H == 0 or L == 0 or S == 0:  # no query or no key: every gradient is 0
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dq = torch.empty(B, H, L, D, dtype=q.dtype, device=q.device)  # (B,H,L,D), every row written
-    dk = torch.empty(B, H, S, D, dtype=k.dtype, device=q.device)  # (B,H,S,D), every key written
-    dv = torch.empty(B, H, S, Dv, dtype=v.dtype, device=q.device)  # (B,H,S,Dv)
+    dk = torch.empty(B, H_kv, S, D, dtype=k.dtype, device=q.device)  # (B,H_kv,S,D), every key written
+    dv = torch.empty(B, H_kv, S, Dv, dtype=v.dtype, device=q.device)  # (B,H_kv,S,Dv)
     lse = lse.contiguous()  # (B,H,L), indexed as off_hz * L + m
     delta = _preprocess(out, dout, interpret)  # (B,H,L)
     kpm, kpm_strides = _kpm_args(key_padding_mask, q)
     sc = _scale_args(scale)
-    common = dict(D=D, DV=Dv, CAUSAL=causal, HAS_KPM=key_padding_mask is not None, DOT_FP32=dot_fp32,
-                  INPUT_PRECISION=dot_input_precision(q.dtype, dot_fp32), SPLIT_SCALE=sc["SPLIT_SCALE"],
+    bands = band_args(causal, window_size, causal_offset, L, S)
+    common = dict(D=D, DV=Dv, HAS_LO=bands["HAS_LO"], HAS_HI=bands["HAS_HI"], HAS_KPM=key_padding_mask is not None,
+                  DOT_FP32=dot_fp32, INPUT_PRECISION=dot_input_precision(q.dtype, dot_fp32),
+                  SPLIT_SCALE=sc["SPLIT_SCALE"],
                   INT64=needs_int64(_spans(q, k, v, out, dout, dq, dk, dv) + [(S, kpm_strides[1], 1, 0)]))
-    args = (H, L, S, sc["qk_scale"], scale, int(causal_offset))
+    args = (H, H // H_kv, L, S, sc["qk_scale"], scale, bands["band_lo"], bands["band_hi"])
 
     def run_dkdv(cfg):
-        for start, count in _chunks(B * H):
+        for start, count in _chunks(B * H_kv):  # one program per key block of each key/value head
             _attn_bwd_dkdv[(triton.cdiv(S, cfg["BLOCK_N"]), count)](
                 q, k, v, kpm, dout, lse, delta, dk, dv,  #
                 *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), *kpm_strides,  #

@@ -14,12 +14,18 @@ FlashAttention paper (Dao et al. 2022, arXiv 2205.14135, Algorithm 1):
 - grid = (ceil(L / BLOCK_M), B * H): program (start_m, off_hz) owns queries
   ``start_m*BLOCK_M .. +BLOCK_M`` of head ``off_hz``; Q_i stays in registers/SRAM, together
   with the running statistics ``m_i`` (row max, base 2), ``l_i`` (row sum) and ``acc``.
+- GQA (``enable_gqa``): k, v have H_kv heads, G = H // H_kv; query head h reads key/value head
+  ``h // G`` in place (K and V are never repeated).
 - ``_attn_fwd_inner`` streams K_j, V_j blocks of BLOCK_N keys from HBM: paper lines 6-12.
-  Stage 1 covers key blocks every query of the block may fully see (no masking work);
-  stage 2 covers the rest (the causal diagonal and the ragged end of S), masked.
+  The middle stage covers key blocks every query of the block fully sees (no masking work);
+  the two masked stages cover the band's left edge, and its right edge with the ragged end of S.
 - ``exp2`` with ``log2(e)`` multiplied into the scores (``qk_scale``), as in the tutorial.
-- Causal: query i sees key j iff ``j <= i + CAUSAL_OFFSET`` (0: top-left, ``S - L``:
-  bottom-right, as in KV-cache decoding); ``_key_range`` skips the blocks nobody sees.
+- The band of ``attn_lib._band`` (causal and sliding windows in one rule): query i sees key j
+  iff ``band_lo <= j - i <= band_hi``; ``HAS_LO`` / ``HAS_HI`` (constexpr) are False for an
+  unbounded side. ``is_causal`` is ``band_hi = causal_offset`` (0: top-left, ``S - L``:
+  bottom-right, as in KV-cache decoding); ``window_size=(left, right)`` adds
+  ``band_lo = offset - left``. ``_key_range`` skips the key blocks nobody in the query block sees,
+  so a window of width w costs O(L·w), not O(L·S).
 
 Common to every kernel (forward and backward):
 
@@ -60,13 +66,23 @@ def _base2_scores(qk, qk_scale, SPLIT_SCALE: tl.constexpr):
 
 
 @triton.jit
+def _in_band(visible, diff, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    # visible & (band_lo <= j - i <= band_hi), diff = j - i; a side without HAS_* is unbounded.
+    if HAS_LO:
+        visible = visible & (diff >= band_lo)
+    if HAS_HI:
+        visible = visible & (diff <= band_hi)
+    return visible
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q,  #
                     k_base, v_base, kpm_base,  #
                     stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
                     offs_m, offs_n, offs_d, offs_dv,  #
-                    lo, hi, S, qk_scale, causal_offset,  #
-                    D: tl.constexpr, DV: tl.constexpr,  #
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                    lo, hi, S, qk_scale, band_lo, band_hi,  #
+                    D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
+                    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
                     DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
                     BLOCK_N: tl.constexpr):
     # Paper Algorithm 1, lines 6-12, for key blocks lo .. hi of one query block.
@@ -82,10 +98,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
             k = k.to(tl.float32)
         # -- S_ij = Q_i K_jᵀ, scaled into base 2 --  (BLOCK_M, BLOCK_N)
         qk = _base2_scores(tl.dot(q, k, input_precision=INPUT_PRECISION), qk_scale, SPLIT_SCALE)
-        if MASKED:
-            visible = offs_kn[None, :] < S
-            if CAUSAL:
-                visible = visible & (offs_kn[None, :] <= offs_m[:, None] + causal_offset)
+        if MASKED:  # keys past S and outside the band (lo <= j - i <= hi) are hidden
+            visible = _in_band(offs_kn[None, :] < S, offs_kn[None, :] - offs_m[:, None], band_lo, band_hi,
+                               HAS_LO, HAS_HI)  # (BLOCK_M, BLOCK_N)
             qk = tl.where(visible, qk, float("-inf"))
         if HAS_KPM:
             present = tl.load(kpm_base + offs_kn * stride_kpm_n, mask=offs_kn < S, other=0)
@@ -115,18 +130,55 @@ def _attn_fwd_inner(acc, l_i, m_i, q,  #
 
 
 @triton.jit
-def _key_range(start_m, S, CAUSAL_OFFSET, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Key blocks of query block start_m: [0, full) fully visible (no masking work), [full, hi)
-    # masked (the causal diagonal and the ragged end of S). Causal: query i sees key j iff
-    # j <= i + CAUSAL_OFFSET, so keys after the block's last query + offset are skipped.
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(S, (start_m + 1) * BLOCK_M + CAUSAL_OFFSET), 0)
-        # Blocks ending at or before the first query (+ offset) of the block are fully visible.
-        full = (tl.maximum(tl.minimum(S, start_m * BLOCK_M + 1 + CAUSAL_OFFSET), 0) // BLOCK_N) * BLOCK_N
-    else:
-        hi = S
-        full = (S // BLOCK_N) * BLOCK_N
-    return full, hi
+def _key_range(start_m, L, S, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,  #
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Keys of query block start_m (queries m0 .. m1-1), as attn_lib._band.key_range, cut into
+    # [first, full) masked (the band's left edge), [full, last) whole blocks every query of the block
+    # sees (no masking work), [last, end) masked (the band's right edge and the ragged end of S).
+    # Keys outside [first, end) are seen by no query of the block: their blocks are skipped.
+    m0 = start_m * BLOCK_M
+    m1 = tl.minimum(m0 + BLOCK_M, L)
+    first = m0 * 0
+    full = first
+    last = first + (S // BLOCK_N) * BLOCK_N
+    end = first + S
+    if HAS_LO:  # query i sees no key j < i + band_lo; all of the block sees j >= m1 - 1 + band_lo
+        first = (tl.maximum(m0 + band_lo, 0) // BLOCK_N) * BLOCK_N
+        full = tl.cdiv(tl.maximum(m1 - 1 + band_lo, 0), BLOCK_N) * BLOCK_N
+    if HAS_HI:  # query i sees no key j > i + band_hi; all of the block sees j <= m0 + band_hi
+        end = tl.minimum(tl.maximum(m1 + band_hi, 0), S)
+        last = (tl.minimum(tl.maximum(m0 + band_hi + 1, 0), S) // BLOCK_N) * BLOCK_N
+    end = tl.maximum(end, first)
+    full = tl.minimum(tl.maximum(full, first), end)
+    last = tl.maximum(tl.minimum(last, end), full)
+    return first, full, last, end
+
+
+@triton.jit
+def _attn_fwd_band(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
+                   stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                   offs_m, offs_n, offs_d, offs_dv, first, full, last, end, S, qk_scale, band_lo, band_hi,  #
+                   D: tl.constexpr, DV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,  #
+                   HAS_KPM: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
+                   SPLIT_SCALE: tl.constexpr, BLOCK_N: tl.constexpr):
+    # The three stages of _key_range: the band's left edge (masked), whole blocks (unmasked),
+    # the right edge and the ragged end of S (masked).
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
+                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                                    offs_m, offs_n, offs_d, offs_dv, first, full, S, qk_scale, band_lo, band_hi,  #
+                                    D, DV, True, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                    BLOCK_N)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
+                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                                    offs_m, offs_n, offs_d, offs_dv, full, last, S, qk_scale, band_lo, band_hi,  #
+                                    D, DV, False, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                    BLOCK_N)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
+                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                                    offs_m, offs_n, offs_d, offs_dv, last, end, S, qk_scale, band_lo, band_hi,  #
+                                    D, DV, True, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                    BLOCK_N)
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -136,9 +188,9 @@ def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
               stride_vb, stride_vh, stride_vn, stride_vd,  #
               stride_ob, stride_oh, stride_om, stride_od,  #
               stride_kpm_b, stride_kpm_n,  #
-              H, L, S, qk_scale, CAUSAL_OFFSET, HZ_START,  #
+              H, G, L, S, qk_scale, band_lo, band_hi, HZ_START,  #
               D: tl.constexpr, DV: tl.constexpr,  #
-              CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
+              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
               DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
               SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
@@ -146,11 +198,11 @@ def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)  # this chunk's heads start at HZ_START
     off_b = off_hz // H
     off_h = off_hz % H
+    off_hkv = off_h // G  # GQA: the key/value head this query head shares, read in place
     q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
     o_base = Out + off_b * stride_ob + off_h * stride_oh
-    kpm_base = KPM + off_b * stride_kpm_b
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     if INT64:  # an offset inside one head may reach 2**31
@@ -167,17 +219,12 @@ def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
                 mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
-    full, hi = _key_range(start_m, S, CAUSAL_OFFSET, CAUSAL, BLOCK_M, BLOCK_N)
-    # Stage 1: unmasked key blocks.
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, 0, full, S, qk_scale, CAUSAL_OFFSET,  #
-                                    D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_N)
-    # Stage 2: the causal diagonal and the ragged end of S, masked.
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, full, hi, S, qk_scale, CAUSAL_OFFSET,  #
-                                    D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_N)
+    first, full, last, end = _key_range(start_m, L, S, band_lo, band_hi, HAS_LO, HAS_HI, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _attn_fwd_band(acc, l_i, m_i, q, k_base, v_base, KPM + off_b * stride_kpm_b,  #
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                                   offs_m, offs_n, offs_d, offs_dv, first, full, last, end, S, qk_scale,  #
+                                   band_lo, band_hi, D, DV, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION,
+                                   SPLIT_SCALE, BLOCK_N)
     # Paper line 12 after the last block: O_i = acc / l_i; log-sum-exp in natural log.
     # l_i == 0: the row saw no key (lse = -inf, output 0). An overflowed score (+inf) makes
     # l_i NaN, so lse is NaN and attn_lib.flash reports it after the kernel.

@@ -6,10 +6,14 @@ FlashAttention-2 and the tutorial's ``_attn_bwd_*``, from the saved ``lse`` (nat
 - ``_attn_bwd_preprocess``: ``D_i = rowsum(dO_i ∘ O_i)``, (B, H, L) float32.
 - ``_attn_bwd_dkdv``: one program per key block K_j, V_j (kept on chip); query blocks
   stream past: ``P_ij = exp(S_ij − lse_i)``, ``dV_j += P_ijᵀ dO_i``, ``dP_ij = dO_i V_jᵀ``,
-  ``dS_ij = P_ij ∘ (dP_ij − D_i)``, ``dK_j += dS_ijᵀ Q_i · scale``. Causal: query blocks
-  that see none of the key block are skipped (``_query_range``).
-- ``_attn_bwd_dq``: one program per query block; key blocks stream past:
-  ``dQ_i += dS_ij K_j · scale``. Causal: key blocks no query of the block sees are skipped.
+  ``dS_ij = P_ij ∘ (dP_ij − D_i)``, ``dK_j += dS_ijᵀ Q_i · scale``. The band (causal, sliding
+  window; see ``attn_lib/flash_triton.py``): query blocks that see none of the key block are
+  skipped (``_query_range``, as ``attn_lib._band.query_range``). GQA: the program of one
+  key/value head loops over the G query heads that share it and sums their dK_j, dV_j on chip
+  (no atomics, no (B, H, S, D) buffer summed afterwards).
+- ``_attn_bwd_dq`` (in ``attn_lib/_triton_bwd_dq.py``): one program per query block of one query
+  head; key blocks of the shared key/value head stream past: ``dQ_i += dS_ij K_j · scale``.
+  Key blocks no query of the block sees are skipped (``_key_range`` of the forward).
 
 A row that sees no key (lse = -inf) has P = 0, hence zero gradients, never NaN.
 """
@@ -19,7 +23,7 @@ import triton
 import triton.language as tl
 
 from attn_lib._numerics import LOG2E
-from attn_lib.flash_triton import _base2_scores, _key_range
+from attn_lib.flash_triton import _base2_scores, _in_band
 
 _LOG2E = tl.constexpr(LOG2E)
 
@@ -63,12 +67,12 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
                          q_base, do_base, lse_base, delta_base,  #
                          stride_qm, stride_qd, stride_dom, stride_dod,  #
                          offs_n, offs_m0, offs_d, offs_dv,  #
-                         lo, hi, L, qk_scale, causal_offset,  #
-                         D: tl.constexpr, DV: tl.constexpr,  #
-                         MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                         lo, hi, L, qk_scale, band_lo, band_hi,  #
+                         D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
+                         HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
                          DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
                          BLOCK_M: tl.constexpr):
-    # Query blocks lo .. hi stream past one key block. MASKED: the causal diagonal and the
+    # Query blocks lo .. hi stream past one key block. MASKED: the band's edges and the
     # ragged end of L; otherwise every query of every block sees every key of the block.
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m0  # (BLOCK_M,) query indices
@@ -95,9 +99,9 @@ def _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
         pT = tl.math.exp2(qkT - lse2[None, :])
         if HAS_KPM:
             pT = tl.where(key_ok[:, None], pT, 0.0)
-        if MASKED:
-            if CAUSAL:
-                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + causal_offset, pT, 0.0)
+        if MASKED:  # outside the band (lo <= j - i <= hi): P = 0
+            pT = tl.where(_in_band(offs_m[None, :] < L, offs_n[:, None] - offs_m[None, :], band_lo, band_hi,
+                                   HAS_LO, HAS_HI), pT, 0.0)
         # -- dV_j += P_ijᵀ dO_i --  (BLOCK_N, BLOCK_M) @ (BLOCK_M, BLOCK_DV)
         ppT = _round_for_dot(pT, do_base.dtype.element_ty, DOT_FP32)  # as the GPU's low-precision dot would
         dv = tl.dot(ppT, do, dv, input_precision=INPUT_PRECISION)
@@ -119,96 +123,16 @@ def _keys_present(kpm_base, offs_n, S, stride_kpm_n, HAS_KPM: tl.constexpr):
 
 
 @triton.jit
-def _query_range(start_n, L, CAUSAL_OFFSET, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Query blocks of key block start_n: [lo, mid) the causal diagonal (masked), [mid, full) see the
-    # whole block, [tail, L) the ragged end of L (masked). Causal: query i sees key j iff
-    # j <= i + CAUSAL_OFFSET; blocks before query start_n*BLOCK_N - CAUSAL_OFFSET are skipped.
-    full = (L // BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        lo = (tl.maximum(start_n * BLOCK_N - CAUSAL_OFFSET, 0) // BLOCK_M) * BLOCK_M
-        last = tl.maximum(start_n * BLOCK_N + BLOCK_N - 1 - CAUSAL_OFFSET, 0)  # first query seeing the whole block
-        mid = tl.maximum(lo, tl.minimum(tl.cdiv(last, BLOCK_M) * BLOCK_M, full))
-        tail = tl.maximum(lo, full)
-    else:
-        lo = 0
-        mid = 0
-        tail = full
-    return lo, mid, full, tail
-
-
-@triton.jit
-def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
-                   stride_qb, stride_qh, stride_qm, stride_qd,  #
-                   stride_kb, stride_kh, stride_kn, stride_kd,  #
-                   stride_vb, stride_vh, stride_vn, stride_vd,  #
-                   stride_dob, stride_doh, stride_dom, stride_dod,  #
-                   stride_dkb, stride_dkh, stride_dkn, stride_dkd,  #
-                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,  #
-                   stride_kpm_b, stride_kpm_n,  #
-                   H, L, S, qk_scale, sm_scale, CAUSAL_OFFSET, HZ_START,  #
-                   D: tl.constexpr, DV: tl.constexpr,  #
-                   CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                   DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
-                   SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # One program per key block: K_j, V_j, dK_j, dV_j stay on chip; query blocks stream past.
-    start_n = tl.program_id(0)
-    off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)
-    off_b = off_hz // H
-    off_h = off_hz % H
-    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m0 = tl.arange(0, BLOCK_M)
-    if INT64:
-        offs_n = offs_n.to(tl.int64)
-        offs_m0 = offs_m0.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    # Keys past S read 0; their rows of dK, dV are never stored, so they need no masking later.
-    k = tl.load(K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                mask=(offs_n[:, None] < S) & (offs_d[None, :] < D), other=0.0)  # (BLOCK_N, BLOCK_D)
-    v = tl.load(V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
-                mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV), other=0.0)  # (BLOCK_N, BLOCK_DV)
-    if DOT_FP32:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
-    key_ok = _keys_present(KPM + off_b * stride_kpm_b, offs_n, S, stride_kpm_n, HAS_KPM)  # (BLOCK_N,)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    lo, mid, full, tail = _query_range(start_n, L, CAUSAL_OFFSET, CAUSAL, BLOCK_M, BLOCK_N)
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    do_base = DO + off_b * stride_dob + off_h * stride_doh
-    lse_base = LSE + off_hz * L
-    delta_base = Delta + off_hz * L
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
-                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, lo, mid, L, qk_scale, CAUSAL_OFFSET,  #
-                                  D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_M)
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
-                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, mid, full, L, qk_scale, CAUSAL_OFFSET,  #
-                                  D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_M)
-    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
-                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
-                                  offs_n, offs_m0, offs_d, offs_dv, tail, L, L, qk_scale, CAUSAL_OFFSET,  #
-                                  D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_M)
-    dk = dk * sm_scale
-    tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
-             dk.to(DK.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_d[None, :] < D))
-    tl.store(DVal + off_b * stride_dvb + off_h * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
-             dv.to(DVal.dtype.element_ty), mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV))
-
-
-@triton.jit
 def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
                        k_base, v_base, kpm_base,  #
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
                        offs_m, offs_n0, offs_d, offs_dv,  #
-                       lo, hi, S, qk_scale, causal_offset,  #
-                       D: tl.constexpr, DV: tl.constexpr,  #
-                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                       lo, hi, S, qk_scale, band_lo, band_hi,  #
+                       D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
+                       HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
                        DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
                        BLOCK_N: tl.constexpr):
-    # Key blocks lo .. hi stream past one query block. MASKED: the causal diagonal and the
+    # Key blocks lo .. hi stream past one query block. MASKED: the band's edges and the
     # ragged end of S. (Rows past L need no mask: their lse is +inf, so P = 0.)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0  # (BLOCK_N,) key indices
@@ -227,11 +151,9 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
         # -- P_ij = exp(S_ij − lse_i) --  (BLOCK_M, BLOCK_N)
         qk = _base2_scores(tl.dot(q, kT, input_precision=INPUT_PRECISION), qk_scale, SPLIT_SCALE)
         p = tl.math.exp2(qk - lse2[:, None])
-        if MASKED:
-            visible = offs_n[None, :] < S
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
-            p = tl.where(visible, p, 0.0)
+        if MASKED:  # keys past S and outside the band: P = 0
+            p = tl.where(_in_band(offs_n[None, :] < S, offs_n[None, :] - offs_m[:, None], band_lo, band_hi,
+                                  HAS_LO, HAS_HI), p, 0.0)
         if HAS_KPM:
             present = tl.load(kpm_base + offs_n * stride_kpm_n, mask=offs_n < S, other=0)
             p = tl.where(present[None, :] != 0, p, 0.0)
@@ -244,57 +166,111 @@ def _attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
 
 
 @triton.jit
-def _attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
-                 stride_qb, stride_qh, stride_qm, stride_qd,  #
-                 stride_kb, stride_kh, stride_kn, stride_kd,  #
-                 stride_vb, stride_vh, stride_vn, stride_vd,  #
-                 stride_dob, stride_doh, stride_dom, stride_dod,  #
-                 stride_dqb, stride_dqh, stride_dqm, stride_dqd,  #
-                 stride_kpm_b, stride_kpm_n,  #
-                 H, L, S, qk_scale, sm_scale, CAUSAL_OFFSET, HZ_START,  #
-                 D: tl.constexpr, DV: tl.constexpr,  #
-                 CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                 DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
-                 SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    # One program per query block: Q_i, dO_i, dQ_i stay on chip; key blocks stream past.
-    start_m = tl.program_id(0)
+def _query_range(start_n, L, S, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,  #
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Queries of key block start_n (keys n0 .. n1-1), as attn_lib._band.query_range, cut into
+    # [first, full) masked (the band's right edge), [full, last) whole blocks that see every key
+    # of the block, [last, end) masked (the band's left edge and the ragged end of L). Query blocks
+    # outside [first, end) see none of the key block: they are skipped.
+    n0 = start_n * BLOCK_N
+    n1 = tl.minimum(n0 + BLOCK_N, S)
+    first = n0 * 0
+    full = first
+    last = first + (L // BLOCK_M) * BLOCK_M
+    end = first + L
+    if HAS_HI:  # key j is seen by no query i < j - band_hi; every key of the block by i >= n1 - 1 - band_hi
+        first = (tl.maximum(n0 - band_hi, 0) // BLOCK_M) * BLOCK_M
+        full = tl.cdiv(tl.maximum(n1 - 1 - band_hi, 0), BLOCK_M) * BLOCK_M
+    if HAS_LO:  # key j is seen by no query i > j - band_lo; every key of the block by i <= n0 - band_lo
+        end = tl.minimum(tl.maximum(n1 - band_lo, 0), L)
+        last = (tl.minimum(tl.maximum(n0 - band_lo + 1, 0), L) // BLOCK_M) * BLOCK_M
+    end = tl.maximum(end, first)
+    full = tl.minimum(tl.maximum(full, first), end)
+    last = tl.maximum(tl.minimum(last, end), full)
+    return first, full, last, end
+
+
+@triton.jit
+def _attn_bwd_dkdv_band(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                        stride_qm, stride_qd, stride_dom, stride_dod,  #
+                        offs_n, offs_m0, offs_d, offs_dv, first, full, last, end, L, qk_scale, band_lo, band_hi,  #
+                        D: tl.constexpr, DV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,  #
+                        HAS_KPM: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
+                        SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    # The three stages of _query_range for one query head: masked, unmasked, masked.
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, first, full, L, qk_scale, band_lo, band_hi,  #
+                                  D, DV, True, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                  BLOCK_M)
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, full, last, L, qk_scale, band_lo, band_hi,  #
+                                  D, DV, False, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                  BLOCK_M)
+    dk, dv = _attn_bwd_dkdv_inner(dk, dv, k, v, key_ok, q_base, do_base, lse_base, delta_base,  #
+                                  stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                  offs_n, offs_m0, offs_d, offs_dv, last, end, L, qk_scale, band_lo, band_hi,  #
+                                  D, DV, True, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                  BLOCK_M)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
+                   stride_qb, stride_qh, stride_qm, stride_qd,  #
+                   stride_kb, stride_kh, stride_kn, stride_kd,  #
+                   stride_vb, stride_vh, stride_vn, stride_vd,  #
+                   stride_dob, stride_doh, stride_dom, stride_dod,  #
+                   stride_dkb, stride_dkh, stride_dkn, stride_dkd,  #
+                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,  #
+                   stride_kpm_b, stride_kpm_n,  #
+                   H, G, L, S, qk_scale, sm_scale, band_lo, band_hi, HZ_START,  #
+                   D: tl.constexpr, DV: tl.constexpr,  #
+                   HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                   DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
+                   SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    # One program per key block of one key/value head (grid axis 1: B * H_kv): K_j, V_j, dK_j, dV_j
+    # stay on chip; the query blocks of the G query heads sharing this head stream past.
+    start_n = tl.program_id(0)
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)
-    off_b = off_hz // H
-    off_h = off_hz % H
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
+    off_b = off_hz // (H // G)
+    off_hkv = off_hz % (H // G)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
     if INT64:
-        offs_m = offs_m.to(tl.int64)
-        offs_n0 = offs_n0.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+        offs_m0 = offs_m0.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    row_ok = offs_m < L
-    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)  # (BLOCK_M, BLOCK_D)
-    do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom
-                 + offs_dv[None, :] * stride_dod,
-                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)  # (BLOCK_M, BLOCK_DV)
+    # Keys past S read 0; their rows of dK, dV are never stored, so they need no masking later.
+    k = tl.load(K + off_b * stride_kb + off_hkv * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=(offs_n[:, None] < S) & (offs_d[None, :] < D),
+                other=0.0)  # (BLOCK_N, BLOCK_D)
+    v = tl.load(V + off_b * stride_vb + off_hkv * stride_vh + offs_n[:, None] * stride_vn
+                + offs_dv[None, :] * stride_vd, mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV),
+                other=0.0)  # (BLOCK_N, BLOCK_DV)
     if DOT_FP32:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
-    lse = tl.load(LSE + off_hz * L + offs_m, mask=row_ok, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)  # no visible key: P = 0
-    delta = tl.load(Delta + off_hz * L + offs_m, mask=row_ok, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # Key range as in the forward (attn_lib/flash_triton.py).
-    full, hi = _key_range(start_m, S, CAUSAL_OFFSET, CAUSAL, BLOCK_M, BLOCK_N)
-    k_base = K + off_b * stride_kb + off_h * stride_kh
-    v_base = V + off_b * stride_vb + off_h * stride_vh
-    kpm_base = KPM + off_b * stride_kpm_b
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm_base,  #
-                            stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                            offs_m, offs_n0, offs_d, offs_dv, 0, full, S, qk_scale, CAUSAL_OFFSET,  #
-                            D, DV, False, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_N)
-    dq = _attn_bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, kpm_base,  #
-                            stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                            offs_m, offs_n0, offs_d, offs_dv, full, hi, S, qk_scale, CAUSAL_OFFSET,  #
-                            D, DV, True, CAUSAL, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE, BLOCK_N)
-    dq = dq * sm_scale
-    tl.store(DQ + off_b * stride_dqb + off_h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < D))
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    key_ok = _keys_present(KPM + off_b * stride_kpm_b, offs_n, S, stride_kpm_n, HAS_KPM)  # (BLOCK_N,)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    first, full, last, end = _query_range(start_n, L, S, band_lo, band_hi, HAS_LO, HAS_HI, BLOCK_M, BLOCK_N)
+    for g in range(0, G):  # GQA: sum over the query heads of the group, on chip
+        off_h = off_hkv * G + g
+        off_row = (off_b * H + off_h) * L  # this query head's rows of lse and Delta, (B, H, L)
+        dk, dv = _attn_bwd_dkdv_band(dk, dv, k, v, key_ok, Q + off_b * stride_qb + off_h * stride_qh,  #
+                                     DO + off_b * stride_dob + off_h * stride_doh, LSE + off_row,  #
+                                     Delta + off_row, stride_qm, stride_qd, stride_dom, stride_dod,  #
+                                     offs_n, offs_m0, offs_d, offs_dv, first, full, last, end, L, qk_scale,  #
+                                     band_lo, band_hi, D, DV, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION,
+                                     SPLIT_SCALE, BLOCK_M)
+    dk = dk * sm_scale
+    tl.store(DK + off_b * stride_dkb + off_hkv * stride_dkh + offs_n[:, None] * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(DK.dtype.element_ty),
+             mask=(offs_n[:, None] < S) & (offs_d[None, :] < D))
+    tl.store(DVal + off_b * stride_dvb + off_hkv * stride_dvh + offs_n[:, None] * stride_dvn
+             + offs_dv[None, :] * stride_dvd, dv.to(DVal.dtype.element_ty),
+             mask=(offs_n[:, None] < S) & (offs_dv[None, :] < DV))
