@@ -19,10 +19,10 @@ import numbers
 import torch
 
 from . import device as _device
-from ._band import NO_WINDOW, band
-from ._numerics import dot_fp32, dot_input_precision, overflow_error, resolve_scale, work_dtype
-from ._validate import (check_all_finite, check_attention_inputs, check_block, check_bool, check_key_padding_mask,
-                        check_no_grad_needed, check_saved, check_triton_device, check_triton_inputs)
+from ._band import NO_WINDOW
+from ._numerics import dot_fp32, dot_input_precision, raise_if_overflowed, resolve_scale
+from ._validate import (check_attention_inputs, check_block, check_bool, check_key_padding_mask, check_no_grad_needed,
+                        check_saved, check_triton_device, check_triton_inputs, check_window_size)
 
 
 def triton_available() -> bool:
@@ -66,73 +66,6 @@ def triton_mode_for(q) -> bool:
     return interpret
 
 
-# --- stand-ins for issue 17's shared checks (branch gqa-paths: attn_lib._validate.check_window_size and the
-# head rule of check_attention_inputs(..., enable_gqa=)), with their wording; replace them at merge ---
-_WINDOW_EXAMPLE = "e.g. window_size=(256, 0) for 256 keys back and none ahead, or (-1, -1) for no window"
-
-
-def _check_window_size(window_size, is_causal: bool) -> tuple:
-    """window_size 是两个 >= -1 的整数；因果时 right 只能是 0 或 -1（gqa-paths 的 check_window_size 的替身）。"""
-    if not isinstance(window_size, (tuple, list)):
-        raise TypeError(f"window_size must be a pair (left, right) of ints, as a tuple or list, got {window_size!r} "
-                        f"({type(window_size).__name__}); {_WINDOW_EXAMPLE}")
-    if len(window_size) != 2:
-        raise ValueError(f"window_size must be a pair (left, right) of ints, got {len(window_size)} values "
-                         f"{tuple(window_size)!r}; {_WINDOW_EXAMPLE}")
-    for side in window_size:
-        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-            raise TypeError(f"window_size must be a pair (left, right) of ints, got {side!r} "
-                            f"({type(side).__name__}) in {tuple(window_size)!r}; {_WINDOW_EXAMPLE}")
-    left, right = (int(side) for side in window_size)
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded on that side), got "
-                         f"{(left, right)!r}; {_WINDOW_EXAMPLE}")
-    if is_causal and right not in (-1, 0):
-        raise ValueError(f"window_size's right side must be 0 or -1 with is_causal=True (a causal query sees no "
-                         f"later key), got {(left, right)!r}; pass window_size=({left}, 0), or is_causal=False "
-                         "for a window that looks ahead")
-    return left, right
-
-
-def _check_qkv(q, k, v, scale, check_finite: bool, enable_gqa: bool):
-    """check_attention_inputs 加上 GQA 的头数规则（H_kv 整除 H，H_kv != H 要 enable_gqa=True）。"""
-    gqa = check_bool("enable_gqa", enable_gqa)
-    heads = [t.shape[1] if isinstance(t, torch.Tensor) and t.dim() == 4 else None for t in (q, k, v)]
-    H, Hk, Hv = heads
-    if None in heads or Hk != Hv or Hk == H:
-        return check_attention_inputs(q, k, v, None, scale, check_finite=check_finite)
-    if Hk == 0 or H < Hk or H % Hk:
-        divisors = [d for d in range(1, H + 1) if H % d == 0] or [1]
-        raise ValueError(f"k must have a number of heads H_kv that divides q's H={H} (query head h uses key/value "
-                         f"head h // (H // H_kv)), got H_kv={Hk}; use one of {divisors} key/value heads")
-    if not gqa:
-        raise ValueError(f"k must have H={H} heads like q, got H_kv={Hk}; pass enable_gqa=True to share each "
-                         f"key/value head among H // H_kv = {H // Hk} query heads (grouped-query attention)")
-    (B, _, L, S, D, Dv), scale = check_attention_inputs(q[:, :Hk], k, v, None, scale, check_finite=False)
-    if check_bool("check_finite", check_finite):
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            check_all_finite(name, t)
-    return (B, H, L, S, D, Dv), scale
-
-
-def _raise_if_overflowed(lse, S: int, key_padding_mask, lo, hi, dtype) -> None:
-    """溢出规则：看得见键（带内、未被填充）的行，lse 却不是有限数，就是分数溢出了。"""
-    L = lse.shape[2]
-    if lse.numel() == 0:
-        return
-    i = torch.arange(L, device=lse.device)  # (L,)
-    start = torch.zeros_like(i) if lo is None else (i + lo).clamp(0, S)  # (L,) first key the band allows
-    end = torch.full_like(i, S) if hi is None else (i + hi + 1).clamp(0, S)  # (L,) keys < end
-    has_key = (end > start)[None, None, :]  # (L,) -> (1,1,L)
-    if key_padding_mask is not None:
-        present = torch.nn.functional.pad(key_padding_mask.to(torch.int32).cumsum(-1), (1, 0))  # (B,S) -> (B,S+1)
-        n = present.shape[0]
-        seen = present.gather(1, end.expand(n, L)) - present.gather(1, start.expand(n, L))  # (B,S+1) -> (B,L)
-        has_key = has_key & (seen > 0)[:, None, :]  # (B,L) -> (B,1,L)
-    if bool((~torch.isfinite(lse) & has_key).any()):
-        raise overflow_error(work_dtype(dtype))
-
-
 def _check_offset(causal_offset) -> int:
     if isinstance(causal_offset, bool) or not isinstance(causal_offset, numbers.Integral):
         raise TypeError(f"causal_offset must be an int, got {causal_offset!r} ({type(causal_offset).__name__}); "
@@ -143,9 +76,9 @@ def _check_offset(causal_offset) -> int:
 def check_triton_door(q, k, v, scale, is_causal, key_padding_mask, block_m=None, block_n=None, *, check_finite=True,
                       causal_offset=0, window_size=NO_WINDOW, enable_gqa=False):
     """Triton 入口的全部检查（一次）：返回（(B, H, L, S, D, Dv)，解析后的 scale，是否解释器）。"""
-    dims, scale = _check_qkv(q, k, v, scale, check_finite, enable_gqa)
+    dims, scale = check_attention_inputs(q, k, v, None, scale, check_finite=check_finite, enable_gqa=enable_gqa)
     check_triton_inputs(q, k, v)
-    _check_window_size(window_size, check_bool("is_causal", is_causal))
+    check_window_size(window_size, check_bool("is_causal", is_causal))
     _check_offset(causal_offset)
     check_key_padding_mask(key_padding_mask, dims[0], dims[3], q.device)
     check_block("block_m", block_m, power_of_two=True)
@@ -208,8 +141,8 @@ def flash_attention_triton(q, k, v, *, is_causal: bool = False, scale: float | N
                                    causal_offset=causal_offset, window_size=window_size, block_m=block_m,
                                    block_n=block_n)
     if check_finite:
-        lo, hi = band(is_causal, tuple(int(side) for side in window_size), int(causal_offset))
-        _raise_if_overflowed(lse, S, key_padding_mask, lo, hi, q.dtype)
+        raise_if_overflowed(lse, L, S, key_padding_mask, is_causal, int(causal_offset), q.dtype,
+                            window_size=tuple(int(side) for side in window_size))
     return out, lse
 
 

@@ -26,7 +26,8 @@ from . import flash_torch_backward as _bwd
 from ._numerics import OVERFLOW_MESSAGE, raise_if_overflowed, resolve_scale
 from ._band import NO_WINDOW
 from ._triton_entry import (flash_attention_triton, flash_attention_triton_backward, kernel_flags,  # noqa: F401
-                            load_kernel, triton_available, triton_mode_for)
+                            load_kernel, triton_available, triton_backward_core, triton_forward_core,
+                            triton_mode_for)
 from ._validate import (check_attention_inputs, check_bool, check_choice, check_key_padding_mask, check_triton_inputs,
                         check_window_size)
 
@@ -50,9 +51,8 @@ def choose_backend(q, backend: str = "auto") -> str:
 def _forward_core(backend: str, q, k, v, is_causal, scale, key_padding_mask, causal_offset, window_size=NO_WINDOW):
     """无检查的前向：返回 (out (B,H,L,Dv), lse (B,H,L))，不检查溢出；k、v 可以只有 H_kv 个头。"""
     if backend == "triton":
-        return flash_attention_triton(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=key_padding_mask,
-                                      check_finite=False, causal_offset=causal_offset, window_size=window_size,
-                                      enable_gqa=k.shape[1] != q.shape[1])
+        return triton_forward_core(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=key_padding_mask,
+                                   causal_offset=causal_offset, window_size=window_size)
     return _fwd._forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=scale,
                                block_m=_fwd.DEFAULT_BLOCK_M, block_n=_fwd.DEFAULT_BLOCK_N, counter=None,
                                causal_offset=causal_offset, window_size=window_size)
@@ -62,10 +62,9 @@ def _backward_core(backend: str, q, k, v, out, lse, dout, is_causal, scale, key_
                    window_size=NO_WINDOW):
     """无检查的反向：返回 (dq, dk, dv)，dk、dv 有 k、v 的 H_kv 个头（对组内的查询头求和）。"""
     if backend == "triton":
-        return flash_attention_triton_backward(q, k, v, out, lse, dout, is_causal=is_causal, scale=scale,
-                                               key_padding_mask=key_padding_mask, check_finite=False,
-                                               causal_offset=causal_offset, window_size=window_size,
-                                               enable_gqa=k.shape[1] != q.shape[1])
+        return triton_backward_core(q, k, v, out, lse, dout, is_causal=is_causal, scale=scale,
+                                    key_padding_mask=key_padding_mask, causal_offset=causal_offset,
+                                    window_size=window_size)
     return _bwd._backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=is_causal, scale=scale,
                                 block_m=_bwd.DEFAULT_BWD_BLOCK_M, block_n=_bwd.DEFAULT_BWD_BLOCK_N,
                                 causal_offset=causal_offset, window_size=window_size)

@@ -18,37 +18,36 @@ def qkv(H, Hkv, L, S, D=16, dtype=torch.float32, seed=0):
                  for s in ((2, H, L, D), (2, Hkv, S, D), (2, Hkv, S, D)))
 
 
-def test_flash_py_hands_gqa_and_the_window_to_the_triton_entry_points(monkeypatch):
-    """_forward_core / _backward_core call the Triton functions with causal_offset, window_size and
-    enable_gqa = (k has fewer heads than q); stand-ins here compute with the tiled torch path."""
+def test_flash_py_hands_gqa_and_the_window_to_the_triton_cores(monkeypatch):
+    """_forward_core / _backward_core call the unchecked Triton cores (attn_lib._triton_entry.triton_forward_core /
+    triton_backward_core: the door has checked once) with causal_offset, window_size and k, v of H_kv heads;
+    stand-ins here compute with the tiled torch path."""
     seen = []
 
-    def fake_forward(q, k, v, *, is_causal, scale, key_padding_mask, check_finite, causal_offset, window_size,
-                     enable_gqa):
-        seen.append(("forward", causal_offset, window_size, enable_gqa, check_finite))
+    def fake_forward(q, k, v, *, is_causal, scale, key_padding_mask, causal_offset, window_size):
+        seen.append(("forward", causal_offset, window_size, k.shape[1]))
         return _forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=scale, block_m=16, block_n=16,
                               counter=None, causal_offset=causal_offset, window_size=window_size)
 
-    def fake_backward(q, k, v, out, lse, dout, *, is_causal, scale, key_padding_mask, check_finite, causal_offset,
-                      window_size, enable_gqa):
-        seen.append(("backward", causal_offset, window_size, enable_gqa, check_finite))
+    def fake_backward(q, k, v, out, lse, dout, *, is_causal, scale, key_padding_mask, causal_offset, window_size):
+        seen.append(("backward", causal_offset, window_size, k.shape[1]))
         return _backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=is_causal, scale=scale,
                                block_m=16, block_n=16, causal_offset=causal_offset, window_size=window_size)
 
-    monkeypatch.setattr(flash_module, "flash_attention_triton", fake_forward)
-    monkeypatch.setattr(flash_module, "flash_attention_triton_backward", fake_backward)
+    monkeypatch.setattr(flash_module, "triton_forward_core", fake_forward)
+    monkeypatch.setattr(flash_module, "triton_backward_core", fake_backward)
     q, k, v = qkv(6, 2, 9, 14)
     out = flash_module._flash_unchecked(q, k, v, is_causal=True, scale=0.25, key_padding_mask=None,
                                         backend="triton", check_overflow=True, causal_offset=5, window_size=(3, 0))
     out.sum().backward()
-    assert seen == [("forward", 5, (3, 0), True, False), ("backward", 5, (3, 0), True, False)]
+    assert seen == [("forward", 5, (3, 0), 2), ("backward", 5, (3, 0), 2)]  # k, v with their H_kv = 2 heads
     ref, _ = _attention_core(q.detach(), k.detach(), v.detach(), None, True, 0.25, check_overflow=True,
                              window_size=(3, 0), offset=5)
     assert_close(out, ref, dtype=torch.float32)
     q4, k4, v4 = qkv(4, 4, 5, 5)
     flash_module._flash_unchecked(q4, k4, v4, is_causal=False, scale=0.25, key_padding_mask=None, backend="triton",
                                   check_overflow=False)
-    assert seen[-1] == ("forward", 0, (-1, -1), False, False)  # H_kv = H: enable_gqa False
+    assert seen[-1] == ("forward", 0, (-1, -1), 4)  # H_kv = H
 
 
 @pytest.mark.parametrize("config", [(6, 2, (3, 2), False), (4, 1, (5, 0), True)],
