@@ -1,4 +1,4 @@
-"""第 10–11 章（换 5 个种子重做小模型的实验）：四种模型的准确率、两个头各管什么、拿掉一个头。
+"""第 10–12 章（换 5 个种子重做小模型的实验）：四种模型的准确率、两个头各管什么、拿掉一个头。
 
 ``seed_study()`` trains, for every seed, four tiny models on chapter 10's data (the same 3000
 training and 1000 held-out sentences for every seed; the seed sets the initial weights and the
