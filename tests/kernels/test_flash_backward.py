@@ -314,3 +314,23 @@ def test_layers_train_on_the_flash_path(layer_name):
     assert len(grads[1]) > 1 and all(g is not None for g in grads[1])
     for g_ref, g_flash in zip(*grads):
         assert_close(g_flash, g_ref, dtype="float64", what=f"{layer_name} gradient, flash vs reference")
+
+
+@pytest.mark.parametrize("L,S", [(37, 29), (0, 5), (4, 0)])
+def test_tiled_forward_and_backward_build_every_buffer_on_the_input_device(L, S):
+    # Under a "meta" default device any tensor created without an explicit device lands on meta:
+    # the result then differs or the call fails. On a GPU the same slip would put a buffer on the CPU.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 6, generator=g, dtype=torch.float64) for n in (L, S, S))
+    pad = torch.ones(2, S, dtype=torch.bool)
+    pad[1, : S // 2] = False
+    kw = dict(is_causal=True, key_padding_mask=pad, block_m=16, block_n=8)
+    out, lse = flash_attention_torch(q, k, v, **kw)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    grads = flash_attention_torch_backward(q, k, v, out, lse, dout, **kw)
+    with torch.device("meta"):
+        out_m, lse_m = flash_attention_torch(q, k, v, **kw)
+        grads_m = flash_attention_torch_backward(q, k, v, out, lse, dout, **kw)
+    for got, want in zip((out_m, lse_m, *grads_m), (out, lse, *grads)):
+        assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
