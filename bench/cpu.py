@@ -31,7 +31,7 @@ Naive attention at N = 16k needs about 17 GB (two 8.6 GB float32 score matrices)
 ``bench/results/cpu.json`` (with the machine: CPU model, threads, torch version, date)
 unless ``--quick`` or ``--no-save``. Tests never assert these numbers; chapter 08 plots them.
 
-Issue 17 (chapter 12), two more suites, each one run with forward and forward+backward rows
+Chapter 12, two more suites, each one run with forward and forward+backward rows
 (float32, B = 1, one subprocess per case, the same timing and memory rules as above):
 
     .venv/bin/python bench/cpu.py --window 256     # N in {2k, 4k, 8k, 16k}, H=8, D=64
@@ -73,7 +73,7 @@ QUICK_SIZES = (512, 1024)
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu.json"
 RESULTS_BACKWARD = Path(__file__).resolve().parent / "results" / "cpu_backward.json"
 BACKWARD_SIZES = (1024, 4096, 8192)
-# Issue 17 (chapter 12): sliding windows and grouped-query attention
+# Chapter 12: sliding windows and grouped-query attention
 WINDOW_IMPLS = ("tiled_window", "tiled_causal", "sdpa_band")
 GQA_IMPLS = ("tiled_gqa", "sdpa_gqa")
 MODES = ("fwd", "fwd_bwd")

@@ -19,7 +19,7 @@ that does not fit is reported as "OOM". Runs in a few minutes on one recent GPU.
 ``bench/results/gpu.json`` unless --quick or --no-save. Exits with a message (code 2) when
 there is no CUDA GPU.
 
-Issue 17 (chapter 12), the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
+Chapter 12, the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
 
     .venv/bin/python bench/gpu.py --window 256      # bf16, D=128, N in {2k, 4k, 8k, 16k}, B*N = 16k, H*D = 2048
     .venv/bin/python bench/gpu.py --gqa             # bf16, H=32, H_kv=8, D=128, N in {1k .. 16k}, B*N = 16k
@@ -59,7 +59,7 @@ NO_GPU_MESSAGE = ("bench/gpu.py needs a CUDA GPU and torch with CUDA; none was f
 
 
 CHECKS = "# checks: none on any side (the Triton launchers and the naive core unchecked, SDPA as is)"
-# Issue 17 (chapter 12)
+# Chapter 12
 WINDOW_IMPLS = ("triton_window", "triton_causal", "sdpa_band", "sdpa_causal")
 GQA_IMPLS = ("triton_gqa", "sdpa_gqa")
 WINDOW_SIZES = (2048, 4096, 8192, 16384)

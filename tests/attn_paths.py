@@ -415,3 +415,18 @@ def reference_grads(q, k, v, dout, kpm=None, causal=False, scale=None):
     mask = None if kpm is None else kpm[:, None, None, :]  # (B,S) -> (B,1,1,S)
     out, _ = attn_lib.attention(q, k, v, mask=mask, is_causal=causal, scale=scale)  # (B,H,L,Dv)
     return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+def visible_band(L, S, is_causal, window, offset=0):
+    """(L, S) bool from the definition: query i sees key j iff i+off-left <= j <= i+off+right (and j <= i+off)."""
+    left, right = window if window is not None else (-1, -1)
+    i = torch.arange(L)[:, None] + offset
+    j = torch.arange(S)[None, :]
+    ok = torch.ones(L, S, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    if is_causal:
+        ok &= j <= i
+    return ok

@@ -803,9 +803,9 @@ ROWS += [
 ]
 
 
-# --- issue 17, branch gqa-layers: shared key/value heads and sliding windows in the layers ---------
-# (a separate block, to keep apart from gqa-paths' rows; the window wording is the shared
-# check_window_size's: the layers say what attention and flash_attention say)
+# --- the layers: shared key/value heads and sliding windows ---------
+# (the window wording is the shared check_window_size's: the layers say what attention and
+# flash_attention say)
 def _gqa_layer(**kw):
     return lambda: MultiHeadAttention(24, 6, **kw)
 

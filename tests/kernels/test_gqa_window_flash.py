@@ -1,5 +1,5 @@
 """attn_lib.flash_attention with enable_gqa and window_size on the Triton backend: what flash.py hands to the
-Triton entry points (attn_lib._triton_entry.flash_attention_triton / _backward, the interface of issue 17),
+Triton entry points (attn_lib._triton_entry.flash_attention_triton / _backward),
 and the kernels themselves under Triton's interpreter against the float64 reference."""
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""The Triton kernels with grouped-query attention (GQA/MQA) and sliding windows, forward and backward (issue 17).
+"""The Triton kernels with grouped-query attention (GQA/MQA) and sliding windows, forward and backward.
 
 ``flash_attention_triton(..., enable_gqa=True, window_size=(left, right))`` and its backward
 against a float64 answer computed here by an independent plain-torch formula: K and V repeated

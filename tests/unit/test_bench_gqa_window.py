@@ -1,4 +1,4 @@
-"""The window and GQA suites of bench/cpu.py and bench/gpu.py (issue 17): argument defaults, the
+"""The window and GQA suites of bench/cpu.py and bench/gpu.py: argument defaults, the
 FLOP count over the visible pairs (against a count by loops written here), the tables, that every
 timed callable computes what its name says (against SDPA with a band mask built by a loop here),
 and a --quick smoke run of the CPU suites. Timings are never asserted."""

@@ -1,4 +1,4 @@
-"""Issue 17: ``attn_lib._dispatch.attend`` with k, v of H_kv heads and a sliding window, on every backend.
+"""``attn_lib._dispatch.attend`` with k, v of H_kv heads and a sliding window, on every backend.
 
 The oracle is written here in plain torch from the definitions: K/V repeated per query head
 (``repeat_interleave``, in this file only) and query i seeing key j iff
@@ -12,6 +12,8 @@ import torch
 
 from attn_lib._dispatch import attend
 from attn_lib.tolerances import assert_close
+
+from attn_paths import visible_band
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 BACKENDS = ["reference", "sdpa", "torch"] + (["triton"] if HAS_TRITON else [])
@@ -28,16 +30,7 @@ def _oracle(q, k, v, pad, is_causal, window, offset, scale):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # (B,H,S,D), (B,H,S,Dv)
     L, S = q.shape[2], k.shape[2]
-    i = torch.arange(L)[:, None] + offset
-    j = torch.arange(S)[None, :]
-    left, right = window
-    ok = torch.ones(L, S, dtype=torch.bool)
-    if left >= 0:
-        ok &= j >= i - left
-    if right >= 0:
-        ok &= j <= i + right
-    if is_causal:
-        ok &= j <= i
+    ok = visible_band(L, S, is_causal, window, offset)  # (L,S)
     ok = ok & pad[:, None, None, :]  # (B,1,L,S)
     logits = (q @ k.transpose(-2, -1) * scale).masked_fill(~ok, float("-inf"))  # (B,H,L,S)
     p = torch.softmax(logits, -1).nan_to_num(0.0)  # a row that sees no key: zeros

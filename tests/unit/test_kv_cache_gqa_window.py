@@ -1,4 +1,4 @@
-"""Issue 17: KV-cache decoding with shared key/value heads (GQA, MQA) and sliding windows.
+"""KV-cache decoding with shared key/value heads (GQA, MQA) and sliding windows.
 
 Decoding a sequence through a ``KVCache`` in any chunks (a prefill, then pieces of 2, then single
 tokens) equals one forward over the whole sequence, on every backend (Triton under its

@@ -1,4 +1,4 @@
-"""Issue 17: the multi-head layers with shared key/value heads (num_kv_heads) and sliding windows.
+"""The multi-head layers with shared key/value heads (num_kv_heads) and sliding windows.
 
 Checked against an independent oracle written here in plain torch (K/V repeated with
 ``repeat_interleave`` in this file only, the band built from its definition), against today's
@@ -12,6 +12,8 @@ import torch
 
 from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, count_parameters, padding_mask
 from attn_lib.positions import apply_rotary
+
+from attn_paths import visible_band
 from attn_lib.tiny_model import RotaryMultiHeadAttention
 from attn_lib.tolerances import assert_close
 
@@ -19,21 +21,6 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 FAST = ["sdpa", "torch"] + (["triton"] if HAS_TRITON else [])
 HEADS = [(6, 2), (8, 1), (4, 4)]  # (H, H_kv): GQA, MQA, none shared
 WINDOWS = [None, (0, 0), (1, 0), (5, 0), (3, 2), (-1, 4), (30, 30)]
-
-
-def _visible(L, S, is_causal, window, offset=0):
-    """(L, S) bool from the definition: query i sees key j iff i+off-left <= j <= i+off+right (and j <= i+off)."""
-    left, right = window if window is not None else (-1, -1)
-    i = torch.arange(L)[:, None] + offset
-    j = torch.arange(S)[None, :]
-    ok = torch.ones(L, S, dtype=torch.bool)
-    if left >= 0:
-        ok &= j >= i - left
-    if right >= 0:
-        ok &= j <= i + right
-    if is_causal:
-        ok &= j <= i
-    return ok
 
 
 def _oracle(layer, query, key, value, *, is_causal, window, pad=None, rope=False):
@@ -47,7 +34,7 @@ def _oracle(layer, query, key, value, *, is_causal, window, pad=None, rope=False
         q, k = apply_rotary(q), apply_rotary(k)
     k, v = k.repeat_interleave(H // H_kv, dim=1), v.repeat_interleave(H // H_kv, dim=1)  # (B,H,S,D)
     L, S = q.shape[2], k.shape[2]
-    ok = _visible(L, S, is_causal, window)  # (L,S)
+    ok = visible_band(L, S, is_causal, window)  # (L,S)
     if pad is not None:
         ok = ok & pad  # (B,1,1,S) & (L,S) -> (B,1,L,S)
     logits = (q @ k.transpose(-2, -1)) / D ** 0.5  # (B,H,L,S)
@@ -183,9 +170,9 @@ def test_self_attention_takes_a_window():
     x = _x(2, 6, C=8)
     with torch.no_grad():
         out, scores = layer(x, need_weights=True)  # (B,L,d_v), (B,L,L)
-    assert torch.equal(scores > 0, _visible(6, 6, True, (1, 0)).expand(2, 6, 6))
+    assert torch.equal(scores > 0, visible_band(6, 6, True, (1, 0)).expand(2, 6, 6))
     q, k, v = layer.w_q(x), layer.w_k(x), layer.w_v(x)
-    logits = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~_visible(6, 6, True, (1, 0)), float("-inf"))
+    logits = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~visible_band(6, 6, True, (1, 0)), float("-inf"))
     assert_close(out, torch.softmax(logits, -1) @ v, dtype=torch.float64, what="windowed self-attention")
     assert "window_size=(1, 0)" in repr(layer)
 

@@ -1,4 +1,4 @@
-"""Issue 17: chapter 10's tiny model with shared key/value heads (``num_kv_heads``).
+"""Chapter 10's tiny model with shared key/value heads (``num_kv_heads``).
 
 The default is chapter 10's model, unchanged (the same weights from the same seed, the same
 forward); ``num_kv_heads=1`` shares one key/value head between the two query heads, with a
