@@ -3,6 +3,10 @@ differentiable entry point attn_lib.flash_attention(backend="torch"), against th
 autograd (attn_lib.attention); overflowing scores refused on every path, fully masked rows are not an
 overflow. (The refusals of bad arguments, e.g. a scale or key_padding_mask that requires grad, are rows of
 tests/contracts/test_bad_input.py.)"""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -265,22 +269,35 @@ def test_fully_masked_rows_are_not_an_overflow():
         assert torch.all(fn() == 0)
 
 
+_THREADS_SCRIPT = """
+import sys, torch
+from attn_lib import flash_attention_torch, flash_attention_torch_backward
+q, k, v, kpm, dout, path = torch.load(sys.argv[1])
+results = {}
+for n in (1, 3):
+    torch.set_num_threads(n)
+    out, lse = flash_attention_torch(q, k, v, is_causal=True, key_padding_mask=kpm, block_m=16, block_n=8)
+    grads = flash_attention_torch_backward(q, k, v, out, lse, dout, is_causal=True, key_padding_mask=kpm,
+                                           block_m=16, block_n=8)
+    results[n] = (out, lse, *grads)
+torch.save(results, path)
+"""
+
+
 @pytest.mark.parametrize("B,H", [(1, 3), (3, 1)], ids=["heads", "batch"])
-def test_one_and_three_intra_op_threads_give_the_same_numbers(B, H):
-    """The tiled forward and backward agree with 1 and 3 torch threads (and with the reference)."""
+def test_one_and_three_intra_op_threads_give_the_same_numbers(B, H, tmp_path):
+    """The tiled forward and backward agree with 1 and 3 torch threads (and with the reference).
+
+    In a fresh interpreter: the thread count is process-wide, and changing it in a process forked
+    after torch's thread pool started (as a mutation-testing worker is) can hang.
+    """
     q, k, v, kpm = make_inputs(B, H, 45, 38, 8, 6, padding=True, seed=10)
     dout = torch.randn(B, H, 45, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    results = {}
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 3):
-            torch.set_num_threads(n)
-            out, lse = flash_attention_torch(q, k, v, is_causal=True, key_padding_mask=kpm, block_m=16, block_n=8)
-            grads = flash_attention_torch_backward(q, k, v, out, lse, dout, is_causal=True, key_padding_mask=kpm,
-                                                   block_m=16, block_n=8)
-            results[n] = (out, lse, *grads)
-    finally:
-        torch.set_num_threads(threads)
+    torch.save((q, k, v, kpm, dout, str(tmp_path / "out.pt")), tmp_path / "in.pt")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "in.pt")], check=True, env=env,
+                   timeout=300)
+    results = torch.load(tmp_path / "out.pt")
     for a, b in zip(results[1], results[3]):  # equal up to rounding (a batched product may sum in another order)
         assert torch.equal(torch.isneginf(a), torch.isneginf(b))
         fin = torch.isfinite(a)
