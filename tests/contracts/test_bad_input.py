@@ -8,6 +8,8 @@ nan) lives in test_layer_contract.py / test_edges.py instead.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -713,6 +715,32 @@ ROWS += [
      ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
     ("tiny_model.RotaryMultiHeadAttention: a value", lambda: tiny_model.RotaryMultiHeadAttention(8, 2)(t(1, 3, 8), None, t(1, 3, 8)),
      ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
+    ("flash_attention_torch_backward: int out", lambda: attn_lib.flash_attention_torch_backward(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 4, dtype=torch.int64), t(1, 2, 5), t(1, 2, 5, 4)), TypeError,
+     r"^out must be a floating-point tensor, got torch\.int64; pass what flash_attention_torch returned$"),
+    ("flash_attention_torch_backward: lse on another device", lambda: attn_lib.flash_attention_torch_backward(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 4), t(1, 2, 5).to("meta"), t(1, 2, 5, 4)), ValueError,
+     r"^lse must be on q's device cpu, got meta; move it with lse\.to\(q\.device\)$"),
+    ("flash_attention_torch_backward: out shape, the whole message", lambda: attn_lib.flash_attention_torch_backward(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 3), t(1, 2, 5), t(1, 2, 5, 4)), ValueError,
+     r"^out must have shape \(1, 2, 5, 4\), got \(1, 2, 5, 3\); pass what flash_attention_torch returned for these "
+     r"q, k, v$"),
+    ("flash_attention_torch: key_padding_mask requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6, requires_grad=True)), ValueError,
+     r"^key_padding_mask requires grad, but it is not differentiable \(a key is either present or not\); pass a bool "
+     r"tensor \(True = key present\), e\.g\. key_padding_mask\.detach\(\) > 0\.5$"),
+    ("flash_attention_torch: key_padding_mask float", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6)), TypeError,
+     r"^key_padding_mask must be bool \(True = key present\), got torch\.float32; for a 0/1 tensor use "
+     r"key_padding_mask\.bool\(\)$"),
+    ("flash_attention_torch: key_padding_mask on another device", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6, dtype=torch.bool, device="meta")),
+     ValueError, r"^key_padding_mask must be on q's device cpu, got meta; move it with key_padding_mask\.to\(q\.device\)$"),
+    ("flash_attention_torch: inputs that require grad, the whole message", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4).requires_grad_(), t(1, 2, 6, 4), t(1, 2, 6, 4)), ValueError,
+     r"^flash_attention_torch is forward-only \(it writes into preallocated buffers, which autograd cannot follow\), "
+     r"but q, k or v requires grad; to train, call attn_lib\.flash_attention\(q, k, v, backend='torch'\), whose "
+     r"backward is the tiled FlashAttention-2 backward, or wrap this call in torch\.no_grad\(\)$"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
      r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
@@ -722,6 +750,42 @@ ROWS += [
      ValueError, r"^head dim D = d_model / num_heads must be even for rotary positions \(RoPE rotates pairs of "
                  r"channels\), got D=3; choose d_model and num_heads with an even D, e.g\. d_model=8$"),
 ]
+
+
+# The Triton entry points' door, whole messages. One test for all of them, not one per row: the
+# mutation run deselects test ids that name the kernel (-k "not triton"), and these checks run before
+# any kernel, so they belong in it. The last call goes through the door and runs (the interpreter on CPU).
+_Q16, _OUT16, _LSE3 = t(1, 1, 3, 16), t(1, 1, 3, 16), t(1, 1, 3)
+GPU_DOOR_ROWS = [
+    ("inputs that require grad", lambda: attn_lib.flash_attention_triton(_Q16.clone().requires_grad_(), _Q16, _Q16),
+     ValueError, r"^flash_attention_triton returns \(out, lse\) without a gradient, but q, k or v requires grad "
+                 r"\(expected: no autograd here\); to train, use attn_lib\.flash_attention\(q, k, v, backend='triton'\), "
+                 r"which runs flash_attention_triton_backward in its backward; or call this under torch\.no_grad\(\)$"),
+    ("block_m 8", lambda: attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_m=8), ValueError,
+     r"^block_m must be a power of two >= 16 \(tl\.dot's smallest tile\), got 8$"),
+    ("block_n 48", lambda: attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_n=48), ValueError,
+     r"^block_n must be a power of two >= 16 \(tl\.dot's smallest tile\), got 48$"),
+    ("backward: lse float16", lambda: attn_lib.flash_attention_triton_backward(_Q16, _Q16, _Q16, _OUT16, _LSE3.half(), _OUT16),
+     TypeError, r"^lse must be torch\.float32, got torch\.float16; pass what flash_attention_triton returned$"),
+    ("backward: int out", lambda: attn_lib.flash_attention_triton_backward(
+        _Q16, _Q16, _Q16, _OUT16.long(), _LSE3, _OUT16), TypeError,
+     r"^out must be a floating-point tensor, got torch\.int64; pass what flash_attention_triton returned$"),
+    ("backward: lse on another device", lambda: attn_lib.flash_attention_triton_backward(
+        _Q16, _Q16, _Q16, _OUT16, _LSE3.to("meta"), _OUT16), ValueError,
+     r"^lse must be on q's device cpu, got meta; move it with lse\.to\(q\.device\)$"),
+]
+
+
+def test_the_gpu_kernel_door_refuses_each_mistake_in_one_wording():
+    for name, call, exc, pattern in GPU_DOOR_ROWS:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 (the row says which type it expects)
+            assert isinstance(e, exc) and re.search(pattern, str(e)), f"{name}: {type(e).__name__}: {e}"
+        else:
+            pytest.fail(f"{name}: no error")
+    out, lse = attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_m=16, block_n=32)  # the smallest tile passes
+    assert out.shape == (1, 1, 3, 16) and lse.shape == (1, 1, 3)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
