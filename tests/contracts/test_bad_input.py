@@ -741,6 +741,26 @@ ROWS += [
      r"^flash_attention_torch is forward-only \(it writes into preallocated buffers, which autograd cannot follow\), "
      r"but q, k or v requires grad; to train, call attn_lib\.flash_attention\(q, k, v, backend='torch'\), whose "
      r"backward is the tiled FlashAttention-2 backward, or wrap this call in torch\.no_grad\(\)$"),
+    ("MultiHeadAttention: backend unknown, the whole message", lambda: MultiHeadAttention(4, 2, backend="fast"), ValueError,
+     r"^backend must be one of \('auto', 'reference', 'sdpa', 'torch', 'triton'\), got 'fast'$"),
+    ("attention: mask of another shape, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4),
+        mask=torch.ones(3, 4, dtype=torch.bool)), ValueError,
+     r"^mask has shape \(3, 4\), which does not broadcast to the scores' shape \(B, H, L, S\) = \(1, 1, 3, 5\)\. Each "
+     r"mask axis must equal the scores' axis or be 1; e\.g\. \(L, S\), \(B, 1, 1, S\) for key padding, or \(B, H, L, S\)\.$"),
+    ("flash_attention_torch: only q requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 3, 4).requires_grad_(), t(1, 1, 3, 4), t(1, 1, 3, 4)), ValueError, r"^flash_attention_torch is forward-only"),
+    ("flash_attention_torch: only k requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 3, 4), t(1, 1, 3, 4).requires_grad_(), t(1, 1, 3, 4)), ValueError, r"^flash_attention_torch is forward-only"),
+    ("flash_attention_torch: only v requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 3, 4), t(1, 1, 3, 4), t(1, 1, 3, 4).requires_grad_()), ValueError, r"^flash_attention_torch is forward-only"),
+    ("flash_attention_torch: one score overflows", lambda: attn_lib.flash_attention_torch(
+        torch.full((1, 1, 1, 1), 1e20), torch.full((1, 1, 1, 1), 1e20), torch.ones(1, 1, 1, 1), scale=1.0), ValueError,
+     r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float32\); compute in float64 or use a "
+     r"smaller scale$"),
+    ("flash_attention_torch: a float64 overflow names float64", lambda: attn_lib.flash_attention_torch(
+        torch.full((1, 1, 2, 1), 1e200, dtype=torch.float64), torch.full((1, 1, 2, 1), 1e200, dtype=torch.float64),
+        torch.ones(1, 1, 2, 1, dtype=torch.float64), scale=1.0), ValueError,
+     r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float64\)"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
      r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
