@@ -761,6 +761,30 @@ ROWS += [
         torch.full((1, 1, 2, 1), 1e200, dtype=torch.float64), torch.full((1, 1, 2, 1), 1e200, dtype=torch.float64),
         torch.ones(1, 1, 2, 1, dtype=torch.float64), scale=1.0), ValueError,
      r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float64\)"),
+    ("attention: k with other heads, the whole message", lambda: attn_lib.attention(t(1, 2, 3, 4), t(1, 3, 5, 4), t(1, 2, 5, 4)),
+     ValueError, r"^q, k and v must share batch and head sizes \(B, H\): q has \(1, 2\), k has \(1, 3\), v has \(1, 2\)\.$"),
+    ("attention: head dims differ, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 3), t(1, 1, 5, 4)),
+     ValueError, r"^q and k must have the same head dim D \(last axis\): q has D=4, k has D=3\. Every query is compared "
+                 r"with every key by a dot product, so their lengths must match\.$"),
+    ("attention: key counts differ, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 4, 4)),
+     ValueError, r"^k and v must have the same number of keys S \(axis 2\): k has S=5, v has S=4\. Each key needs exactly "
+                 r"one value\.$"),
+    ("attention: head dim 0, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 0), t(1, 1, 5, 0), t(1, 1, 5, 4)),
+     ValueError, r"^q and k have head dim D=0; attention needs D >= 1\.$"),
+    ("attention: dtypes differ, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4, dtype=torch.float64),
+        t(1, 1, 5, 4)), TypeError,
+     r"^q, k, v must have the same dtype, got q=torch\.float32, k=torch\.float64, v=torch\.float32\. Cast them first, "
+     r"e\.g\. k = k\.to\(q\.dtype\)\.$"),
+    ("attention: scale requires grad, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4), scale=torch.tensor(0.5, requires_grad=True)),
+     TypeError, r"^scale is not differentiable: got a tensor with requires_grad=True, and its gradient would be silently "
+                r"dropped\. Pass a plain number \(scale=float\(s\.detach\(\)\)\), or multiply q by the learnable factor "
+                r"yourself \(attention\(q \* s, k, v, scale=1\.0\)\) so autograd sees it\.$"),
+    ("attention: scale a string, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4), scale="x"), TypeError,
+     r"^scale must be a positive number or None, got 'x' \(str\); e\.g\. scale=0\.125, or leave it as None for 1/sqrt\(D\)\.$"),
+    ("flash_attention_torch: key_padding_mask a list", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 2, 4), t(1, 1, 2, 4), t(1, 1, 2, 4), key_padding_mask=[[True, True]]), TypeError,
+     r"^key_padding_mask must be a torch\.Tensor or None, got list; convert it with torch\.as_tensor\(key_padding_mask\)$"),
+    ("causal_mask: L a fraction, no int() hint", lambda: causal_mask(2.5), TypeError, r"^L must be an int >= 0, got 2\.5 \(float\)$"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
      r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,

@@ -184,3 +184,18 @@ def test_the_causal_mask_is_built_on_the_input_device():
     for a, b in zip(got, want):
         assert a.device == b.device
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale", [torch.tensor(2), torch.tensor([0.5]), np.float32(0.5)], ids=["int tensor", "1-element", "numpy"])
+def test_a_scale_given_as_a_tensor_or_numpy_number_is_a_number(scale):
+    q, k, v = (randn64(1, 1, n, 4, seed=s) for n, s in ((3, 0), (5, 1), (5, 2)))
+    torch.testing.assert_close(attn_lib.attention(q, k, v, scale=scale)[0], attn_lib.attention(q, k, v, scale=float(scale))[0],
+                               rtol=0, atol=0)
+
+
+def test_finite_inputs_whose_sum_overflows_are_finite():
+    # the door's nan/inf scan sums first (one reduction); 3e38 + 3e38 overflows float32 but each value is finite
+    q, k = torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4)
+    v = torch.full((1, 1, 2, 4), 3e38)
+    out, _ = attn_lib.attention(q, k, v)
+    assert torch.equal(out, v)
