@@ -8,6 +8,8 @@ nan) lives in test_layer_contract.py / test_edges.py instead.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -717,6 +719,76 @@ ROWS += [
      ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
     ("tiny_model.RotaryMultiHeadAttention: a value", lambda: tiny_model.RotaryMultiHeadAttention(8, 2)(t(1, 3, 8), None, t(1, 3, 8)),
      ValueError, r"^RotaryMultiHeadAttention is self-attention only: leave key and value as None$"),
+    ("flash_attention_torch_backward: int out", lambda: attn_lib.flash_attention_torch_backward(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 4, dtype=torch.int64), t(1, 2, 5), t(1, 2, 5, 4)), TypeError,
+     r"^out must be a floating-point tensor, got torch\.int64; pass what flash_attention_torch returned$"),
+    ("flash_attention_torch_backward: lse on another device", lambda: attn_lib.flash_attention_torch_backward(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 4), t(1, 2, 5).to("meta"), t(1, 2, 5, 4)), ValueError,
+     r"^lse must be on q's device cpu, got meta; move it with lse\.to\(q\.device\)$"),
+    ("flash_attention_torch_backward: out shape, the whole message", lambda: attn_lib.flash_attention_torch_backward(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 3), t(1, 2, 5), t(1, 2, 5, 4)), ValueError,
+     r"^out must have shape \(1, 2, 5, 4\), got \(1, 2, 5, 3\); pass what flash_attention_torch returned for these "
+     r"q, k, v$"),
+    ("flash_attention_torch: key_padding_mask requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6, requires_grad=True)), ValueError,
+     r"^key_padding_mask requires grad, but it is not differentiable \(a key is either present or not\); pass a bool "
+     r"tensor \(True = key present\), e\.g\. key_padding_mask\.detach\(\) > 0\.5$"),
+    ("flash_attention_torch: key_padding_mask float", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6)), TypeError,
+     r"^key_padding_mask must be bool \(True = key present\), got torch\.float32; for a 0/1 tensor use "
+     r"key_padding_mask\.bool\(\)$"),
+    ("flash_attention_torch: key_padding_mask on another device", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6, dtype=torch.bool, device="meta")),
+     ValueError, r"^key_padding_mask must be on q's device cpu, got meta; move it with key_padding_mask\.to\(q\.device\)$"),
+    ("flash_attention_torch: inputs that require grad, the whole message", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4).requires_grad_(), t(1, 2, 6, 4), t(1, 2, 6, 4)), ValueError,
+     r"^flash_attention_torch is forward-only \(it writes into preallocated buffers, which autograd cannot follow\), "
+     r"but q, k or v requires grad; to train, call attn_lib\.flash_attention\(q, k, v, backend='torch'\), whose "
+     r"backward is the tiled FlashAttention-2 backward, or wrap this call in torch\.no_grad\(\)$"),
+    ("MultiHeadAttention: backend unknown, the whole message", lambda: MultiHeadAttention(4, 2, backend="fast"), ValueError,
+     r"^backend must be one of \('auto', 'reference', 'sdpa', 'torch', 'triton'\), got 'fast'$"),
+    ("attention: mask of another shape, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4),
+        mask=torch.ones(3, 4, dtype=torch.bool)), ValueError,
+     r"^mask has shape \(3, 4\), which does not broadcast to the scores' shape \(B, H, L, S\) = \(1, 1, 3, 5\)\. Each "
+     r"mask axis must equal the scores' axis or be 1; e\.g\. \(L, S\), \(B, 1, 1, S\) for key padding, or \(B, H, L, S\)\.$"),
+    ("flash_attention_torch: only q requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 3, 4).requires_grad_(), t(1, 1, 3, 4), t(1, 1, 3, 4)), ValueError, r"^flash_attention_torch is forward-only"),
+    ("flash_attention_torch: only k requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 3, 4), t(1, 1, 3, 4).requires_grad_(), t(1, 1, 3, 4)), ValueError, r"^flash_attention_torch is forward-only"),
+    ("flash_attention_torch: only v requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 3, 4), t(1, 1, 3, 4), t(1, 1, 3, 4).requires_grad_()), ValueError, r"^flash_attention_torch is forward-only"),
+    ("flash_attention_torch: one score overflows", lambda: attn_lib.flash_attention_torch(
+        torch.full((1, 1, 1, 1), 1e20), torch.full((1, 1, 1, 1), 1e20), torch.ones(1, 1, 1, 1), scale=1.0), ValueError,
+     r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float32\); compute in float64 or use a "
+     r"smaller scale$"),
+    ("flash_attention_torch: a float64 overflow names float64", lambda: attn_lib.flash_attention_torch(
+        torch.full((1, 1, 2, 1), 1e200, dtype=torch.float64), torch.full((1, 1, 2, 1), 1e200, dtype=torch.float64),
+        torch.ones(1, 1, 2, 1, dtype=torch.float64), scale=1.0), ValueError,
+     r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float64\)"),
+    ("attention: k with other heads, the whole message", lambda: attn_lib.attention(t(1, 2, 3, 4), t(1, 3, 5, 4), t(1, 2, 5, 4)),
+     ValueError, r"^q, k and v must share batch and head sizes \(B, H\): q has \(1, 2\), k has \(1, 3\), v has \(1, 2\)\.$"),
+    ("attention: head dims differ, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 3), t(1, 1, 5, 4)),
+     ValueError, r"^q and k must have the same head dim D \(last axis\): q has D=4, k has D=3\. Every query is compared "
+                 r"with every key by a dot product, so their lengths must match\.$"),
+    ("attention: key counts differ, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 4, 4)),
+     ValueError, r"^k and v must have the same number of keys S \(axis 2\): k has S=5, v has S=4\. Each key needs exactly "
+                 r"one value\.$"),
+    ("attention: head dim 0, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 0), t(1, 1, 5, 0), t(1, 1, 5, 4)),
+     ValueError, r"^q and k have head dim D=0; attention needs D >= 1\.$"),
+    ("attention: dtypes differ, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4, dtype=torch.float64),
+        t(1, 1, 5, 4)), TypeError,
+     r"^q, k, v must have the same dtype, got q=torch\.float32, k=torch\.float64, v=torch\.float32\. Cast them first, "
+     r"e\.g\. k = k\.to\(q\.dtype\)\.$"),
+    ("attention: scale requires grad, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4), scale=torch.tensor(0.5, requires_grad=True)),
+     TypeError, r"^scale is not differentiable: got a tensor with requires_grad=True, and its gradient would be silently "
+                r"dropped\. Pass a plain number \(scale=float\(s\.detach\(\)\)\), or multiply q by the learnable factor "
+                r"yourself \(attention\(q \* s, k, v, scale=1\.0\)\) so autograd sees it\.$"),
+    ("attention: scale a string, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4), scale="x"), TypeError,
+     r"^scale must be a positive number or None, got 'x' \(str\); e\.g\. scale=0\.125, or leave it as None for 1/sqrt\(D\)\.$"),
+    ("flash_attention_torch: key_padding_mask a list", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 2, 4), t(1, 1, 2, 4), t(1, 1, 2, 4), key_padding_mask=[[True, True]]), TypeError,
+     r"^key_padding_mask must be a torch\.Tensor or None, got list; convert it with torch\.as_tensor\(key_padding_mask\)$"),
+    ("causal_mask: L a fraction, no int() hint", lambda: causal_mask(2.5), TypeError, r"^L must be an int >= 0, got 2\.5 \(float\)$"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
      r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
@@ -849,6 +921,42 @@ ROWS += [
     ("tiny_model.TinyItModel: num_kv_heads not dividing num_heads",
      lambda: tiny_model.TinyItModel(5, 3, num_heads=2, num_kv_heads=3), ValueError, r"^num_kv_heads must divide num_heads=2"),
 ]
+
+
+# The Triton entry points' door, whole messages. One test for all of them, not one per row: the
+# mutation run deselects test ids that name the kernel (-k "not triton"), and these checks run before
+# any kernel, so they belong in it. The last call goes through the door and runs (the interpreter on CPU).
+_Q16, _OUT16, _LSE3 = t(1, 1, 3, 16), t(1, 1, 3, 16), t(1, 1, 3)
+GPU_DOOR_ROWS = [
+    ("inputs that require grad", lambda: attn_lib.flash_attention_triton(_Q16.clone().requires_grad_(), _Q16, _Q16),
+     ValueError, r"^flash_attention_triton returns \(out, lse\) without a gradient, but q, k or v requires grad "
+                 r"\(expected: no autograd here\); to train, use attn_lib\.flash_attention\(q, k, v, backend='triton'\), "
+                 r"which runs flash_attention_triton_backward in its backward; or call this under torch\.no_grad\(\)$"),
+    ("block_m 8", lambda: attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_m=8), ValueError,
+     r"^block_m must be a power of two >= 16 \(tl\.dot's smallest tile\), got 8$"),
+    ("block_n 48", lambda: attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_n=48), ValueError,
+     r"^block_n must be a power of two >= 16 \(tl\.dot's smallest tile\), got 48$"),
+    ("backward: lse float16", lambda: attn_lib.flash_attention_triton_backward(_Q16, _Q16, _Q16, _OUT16, _LSE3.half(), _OUT16),
+     TypeError, r"^lse must be torch\.float32, got torch\.float16; pass what flash_attention_triton returned$"),
+    ("backward: int out", lambda: attn_lib.flash_attention_triton_backward(
+        _Q16, _Q16, _Q16, _OUT16.long(), _LSE3, _OUT16), TypeError,
+     r"^out must be a floating-point tensor, got torch\.int64; pass what flash_attention_triton returned$"),
+    ("backward: lse on another device", lambda: attn_lib.flash_attention_triton_backward(
+        _Q16, _Q16, _Q16, _OUT16, _LSE3.to("meta"), _OUT16), ValueError,
+     r"^lse must be on q's device cpu, got meta; move it with lse\.to\(q\.device\)$"),
+]
+
+
+def test_the_gpu_kernel_door_refuses_each_mistake_in_one_wording():
+    for name, call, exc, pattern in GPU_DOOR_ROWS:
+        try:
+            call()
+        except Exception as e:  # noqa: BLE001 (the row says which type it expects)
+            assert isinstance(e, exc) and re.search(pattern, str(e)), f"{name}: {type(e).__name__}: {e}"
+        else:
+            pytest.fail(f"{name}: no error")
+    out, lse = attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_m=16, block_n=32)  # the smallest tile passes
+    assert out.shape == (1, 1, 3, 16) and lse.shape == (1, 1, 3)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])

@@ -102,3 +102,34 @@ def test_triton_forward_backward(L, S, offset, padding):
     assert_close(out.detach().cpu(), ref_out, dtype=torch.float32)
     for got, want, name in zip((qg.grad, kg.grad, vg.grad), ref_grads, ("dq", "dk", "dv")):
         assert_close(got.cpu(), want, dtype=torch.float32, what=name)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("offset", [-4, -1, 0, 2])
+@pytest.mark.parametrize("padding", ["none", "some", "all absent", "one per row"])
+def test_rows_with_keys_says_which_queries_see_a_present_key(is_causal, offset, padding):
+    from attn_lib._numerics import rows_with_keys
+
+    L, S = 5, 6
+    kpm = {"none": None, "some": torch.tensor([[True, False, True, True, False, False], [False] * 3 + [True] * 3]),
+           "all absent": torch.zeros(2, S, dtype=torch.bool),
+           "one per row": torch.tensor([[False, False, True, False, False, False], [True] + [False] * 5])}[padding]
+    got = rows_with_keys(L, S, kpm, is_causal, offset, "cpu")
+    B = 1 if kpm is None else 2
+    want = torch.tensor([[[any((kpm is None or bool(kpm[b, j])) and (not is_causal or j <= i + offset)
+                           for j in range(S)) for i in range(L)]] for b in range(B)])  # (B,1,L), by a loop
+    assert got.shape == want.shape and torch.equal(got, want)
+    if kpm is not None:
+        assert torch.equal(rows_with_keys(L, 0, kpm[:, :0], is_causal, offset, "cpu"), torch.zeros(B, 1, L, dtype=torch.bool))
+
+
+def test_the_tiled_path_counts_what_it_reads_and_writes():
+    from attn_lib.io_model import IOCounter
+
+    B, H, L, S, D, Dv, bm, bn = 1, 2, 10, 12, 3, 5, 4, 8
+    q, k, v = (torch.randn(B, H, n, d, dtype=torch.float64) for n, d in ((L, D), (S, D), (S, Dv)))
+    c = IOCounter()
+    attn_lib.flash_attention_torch(q, k, v, block_m=bm, block_n=bn, counter=c)
+    query_blocks = -(-L // bm)  # 3; every query block reads every key once (no mask, not causal)
+    assert c.reads["Q"] == B * H * L * D and c.writes["O"] == B * H * L * Dv and c.writes["lse"] == B * H * L
+    assert c.reads["K"] == query_blocks * B * H * S * D and c.reads["V"] == query_blocks * B * H * S * Dv

@@ -351,3 +351,45 @@ def test_tiled_forward_and_backward_build_every_buffer_on_the_input_device(L, S)
     for got, want in zip((out_m, lse_m, *grads_m), (out, lse, *grads)):
         assert got.device == want.device and got.dtype == want.dtype and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_scale_beyond_the_working_range_of_the_base_2_factor():
+    # scale * log2(e) does not fit float32: the scores are scaled in two steps, forward and backward
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=g) * 1e-19 for n in (6, 7, 7))  # q.k ~ 1e-38
+    v = v * 1e19
+    dout = torch.randn(1, 2, 6, 4, generator=g)
+    scale = 3e38  # scale * q.k ~ 1
+    out, lse = flash_attention_torch(q, k, v, scale=scale, is_causal=True, block_m=4, block_n=4)
+    dq, dk, dv = flash_attention_torch_backward(q, k, v, out, lse, dout, scale=scale, is_causal=True, block_m=4,
+                                                block_n=4)
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    want, _ = attn_lib.attention(q64, k64, v64, is_causal=True, scale=scale)
+    want.backward(dout.double())
+    assert_close(out, want.detach().float())
+    for got, ref in ((dq, q64.grad), (dk, k64.grad), (dv, v64.grad)):
+        assert_close(got / ref.abs().max(), (ref / ref.abs().max()).float(), what="gradient / its largest entry")
+
+
+def test_gradients_come_back_in_the_inputs_dtype():
+    q, k, v, kpm = make_inputs(1, 2, 9, 7, 8, 8, padding=True, seed=4)
+    q, k, v = q.half(), k.half(), v.half()
+    out, lse = flash_attention_torch(q, k, v, key_padding_mask=kpm)
+    grads = flash_attention_torch_backward(q, k, v, out, lse, torch.ones_like(out), key_padding_mask=kpm)
+    assert [g.dtype for g in grads] == [torch.float16] * 3
+
+
+def test_the_causal_backward_visits_only_tiles_some_query_sees(monkeypatch):
+    # L = 32 queries, S = 64 keys, tiles of 16: key block j is seen by query blocks j.. (causal, top-left):
+    # (0, 0), (1, 0), (1, 1); key blocks 2 and 3 are seen by no query. Also correct with block_m = 1.
+    calls = []
+    real = flash_torch_backward._attn_bwd_dkdv
+    monkeypatch.setattr(flash_torch_backward, "_attn_bwd_dkdv", lambda *a: calls.append(1) or real(*a))
+    q, k, v, _ = make_inputs(1, 1, 32, 64, 4, 4, padding=False, seed=5)
+    dout = torch.randn(1, 1, 32, 4, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    out, lse = flash_attention_torch(q, k, v, is_causal=True)
+    flash_attention_torch_backward(q, k, v, out, lse, dout, is_causal=True, block_m=16, block_n=16)
+    assert len(calls) == 3
+    grads = flash_attention_torch_backward(q, k, v, out, lse, dout, is_causal=True, block_m=1, block_n=16)
+    for g, e in zip(grads, reference_grads(q, k, v, dout, None, True)):
+        assert_close(g, e)

@@ -176,9 +176,9 @@ def test_attend_builds_its_masks_on_the_input_device(backend):
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
-def test_sdpa_raises_where_the_reference_raises_at_the_bound_itself():
-    # scale * D * max|q| * max|k| equals float32's max exactly; q.k = 2 * max overflows in the reference's
-    # order (product, then scale) and not in the math kernel's (scale folded in first): the fused path raises.
+def test_sdpa_raises_where_the_reference_raises_at_the_edge_of_the_range():
+    # q = float32's max, k = 2, scale 0.5: q.k = 2 * max overflows in the reference's order (product,
+    # then scale) and not in the math kernel's (scale folded in first): the fused path raises too.
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.tensor([torch.finfo(torch.float32).max]).view(1, 1, 1, 1)
@@ -238,3 +238,40 @@ def test_sdpa_raises_when_an_additive_mask_pushes_a_score_to_inf(dtype):
         attn_lib.attention(q, k, v, mask=mask, scale=0.5)
     with pytest.raises(ValueError, match=f"attention scores overflowed.*range of {name}"):
         attend(q, k, v, mask, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
+
+
+def test_the_dispatch_hands_the_gpu_kernel_name_on(monkeypatch):
+    import attn_lib.flash as flash
+
+    seen = []
+    real = flash._forward_core
+    monkeypatch.setattr(flash, "_forward_core", lambda backend, *a: seen.append(backend) or real(backend, *a))
+    q, k, v = (x.float() for x in _qkv(B=1, H=1, L=3, S=4, D=16))
+    out, _ = attend(q, k, v, None, is_causal=True, scale=0.25, need_weights=False, backend="triton", check_finite=True)
+    assert seen == ["triton"]  # the interpreter ran the kernel on CPU
+    torch.testing.assert_close(out, attn_lib.attention(q, k, v, is_causal=True, scale=0.25)[0],
+                               **attn_lib.tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("L", [0, 3])
+def test_the_reference_backend_returns_scores_only_when_asked(L):
+    q, k, v = _qkv(B=1, H=2, L=L, S=4)
+    for need in (False, True):
+        _, scores = attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=need, backend="reference",
+                           check_finite=True)
+        assert (scores is None) == (not need)
+        if need:
+            assert scores.shape == (1, 2, L, 4)
+
+
+def test_sdpa_raises_where_the_product_over_the_head_dim_overflows():
+    # q.k = 4 * 1e38 overflows float32 although max|q| * max|k| = 1e38 does not: the bound counts D.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.full((1, 1, 1, 4), 1e19)
+    k = torch.stack([torch.full((4,), 1e19), torch.zeros(4)])[None, None]  # (1,1,2,4)
+    v = torch.eye(2, 4)[None, None]
+    with pytest.raises(ValueError, match="attention scores overflowed"):
+        attn_lib.attention(q, k, v, scale=0.5)
+    with pytest.raises(ValueError, match="attention scores overflowed"), sdpa_kernel(SDPBackend.MATH):
+        attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)

@@ -152,3 +152,50 @@ def test_empty_float_mask_and_no_keys():
     q, k, v = randn64(1, 1, 2, 4), randn64(1, 1, 0, 4), randn64(1, 1, 0, 3)
     out, scores = attn_lib.attention(q, k, v, mask=torch.zeros(2, 0, dtype=torch.float64))
     assert out.shape == (1, 1, 2, 3) and (out == 0).all() and scores.shape == (1, 1, 2, 0)
+
+
+def test_a_score_that_overflows_to_minus_inf_beside_finite_ones_is_harmless():
+    # q.k0 = -1.6e39 is -inf in float32; its true weight, exp(-1.6e39 - max), is 0 as well: no error
+    q = torch.full((1, 1, 1, 4), 2e19)
+    k = torch.stack([torch.full((4,), -2e19), torch.ones(4)])[None, None]  # (1,1,2,4)
+    v = torch.eye(2, 4)[None, None]
+    out, scores = attn_lib.attention(q, k, v, scale=0.5)
+    assert torch.equal(scores, torch.tensor([[[[0.0, 1.0]]]])) and torch.equal(out, v[:, :, 1:])
+
+
+def test_an_additive_mask_is_added_in_the_working_dtype():
+    # a float64 mask on float32 inputs: -1e300 is -inf in float32, so the first row sees no key (zeros)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 4, generator=g) for n in (2, 3, 3))
+    mask = torch.zeros(2, 3, dtype=torch.float64)
+    mask[0] = -1e300
+    out, scores = attn_lib.attention(q, k, v, mask=mask)
+    assert out.dtype == torch.float32 and (out[0, 0, 0] == 0).all() and (scores[0, 0, 0] == 0).all()
+    torch.testing.assert_close(out, attn_lib.attention(q, k, v, mask=mask.float())[0], rtol=0, atol=0)
+
+
+def test_the_causal_mask_is_built_on_the_input_device():
+    # Under a "meta" default device a tensor made without an explicit device lands on meta.
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=g, dtype=torch.float64) for n in (3, 5, 5))
+    want = attn_lib.attention(q, k, v, is_causal=True, mask=torch.ones(3, 5, dtype=torch.bool))
+    with torch.device("meta"):
+        got = attn_lib.attention(q, k, v, is_causal=True, mask=torch.ones(3, 5, dtype=torch.bool, device="cpu"))
+    for a, b in zip(got, want):
+        assert a.device == b.device
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("scale", [torch.tensor(2), torch.tensor([0.5]), np.float32(0.5)], ids=["int tensor", "1-element", "numpy"])
+def test_a_scale_given_as_a_tensor_or_numpy_number_is_a_number(scale):
+    q, k, v = (randn64(1, 1, n, 4, seed=s) for n, s in ((3, 0), (5, 1), (5, 2)))
+    torch.testing.assert_close(attn_lib.attention(q, k, v, scale=scale)[0], attn_lib.attention(q, k, v, scale=float(scale))[0],
+                               rtol=0, atol=0)
+
+
+def test_finite_inputs_whose_sum_overflows_are_finite():
+    # the door's nan/inf scan sums first (one reduction); 3e38 + 3e38 overflows float32 but each value is finite
+    q, k = torch.zeros(1, 1, 2, 4), torch.zeros(1, 1, 2, 4)
+    v = torch.full((1, 1, 2, 4), 3e38)
+    out, _ = attn_lib.attention(q, k, v)
+    assert torch.equal(out, v)
