@@ -787,6 +787,8 @@ ROWS += [
     ("causal_mask: L a fraction, no int() hint", lambda: causal_mask(2.5), TypeError, r"^L must be an int >= 0, got 2\.5 \(float\)$"),
     ("attention: scale a numpy string", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4),
         scale=np.str_("0.5")), TypeError, r"^scale must be a positive number or None, got np\.str_\('0\.5'\) \(str_\)"),
+    ("online_softmax_update: m a list, the remedy", lambda: attn_lib.online_softmax_update([0.0], t(1), t(1, 2)), TypeError,
+     r"^m must be a torch\.Tensor, got list; convert it with torch\.as_tensor\(m\)$"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
      r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
