@@ -789,6 +789,10 @@ ROWS += [
         t(1, 1, 2, 4), t(1, 1, 2, 4), t(1, 1, 2, 4), key_padding_mask=[[True, True]]), TypeError,
      r"^key_padding_mask must be a torch\.Tensor or None, got list; convert it with torch\.as_tensor\(key_padding_mask\)$"),
     ("causal_mask: L a fraction, no int() hint", lambda: causal_mask(2.5), TypeError, r"^L must be an int >= 0, got 2\.5 \(float\)$"),
+    ("attention: scale a numpy string", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4),
+        scale=np.str_("0.5")), TypeError, r"^scale must be a positive number or None, got np\.str_\('0\.5'\) \(str_\)"),
+    ("online_softmax_update: m a list, the remedy", lambda: attn_lib.online_softmax_update([0.0], t(1), t(1, 2)), TypeError,
+     r"^m must be a torch\.Tensor, got list; convert it with torch\.as_tensor\(m\)$"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
      r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
@@ -957,6 +961,11 @@ def test_the_gpu_kernel_door_refuses_each_mistake_in_one_wording():
             pytest.fail(f"{name}: no error")
     out, lse = attn_lib.flash_attention_triton(_Q16, _Q16, _Q16, block_m=16, block_n=32)  # the smallest tile passes
     assert out.shape == (1, 1, 3, 16) and lse.shape == (1, 1, 3)
+    q16 = _Q16.half()  # float16 inputs: out in float16, lse in float32, and the backward takes them as they are
+    out16, lse16 = attn_lib.flash_attention_triton(q16, q16, q16)
+    assert (out16.dtype, lse16.dtype) == (torch.float16, torch.float32)
+    grads = attn_lib.flash_attention_triton_backward(q16, q16, q16, out16, lse16, torch.ones_like(out16))
+    assert [g.dtype for g in grads] == [torch.float16] * 3
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r[0] for r in ROWS])
