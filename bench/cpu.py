@@ -1,4 +1,4 @@
-"""CPU 基准:朴素注意力、torch SDPA 与 attn_lib 分块 FlashAttention 的前向时间和峰值额外内存。
+"""CPU 基准：朴素注意力、torch SDPA 与 attn_lib 分块 FlashAttention 的前向时间和峰值额外内存。
 
     .venv/bin/python bench/cpu.py                 # B=1, H=8, D=64, N in {1k, 4k, 8k, 16k}, causal and not
     .venv/bin/python bench/cpu.py --quick         # N in {512, 1k}: a smoke test in seconds, saves nothing
@@ -155,7 +155,7 @@ def _suite_defaults(args):
 
 
 def machine() -> dict:
-    """这台机器的描述:CPU 型号、线程数、torch 版本、日期。"""
+    """这台机器的描述：CPU 型号、线程数、torch 版本、日期。"""
     import torch
 
     cpu = platform.processor() or "unknown CPU"
@@ -186,7 +186,7 @@ def peak_rss_mib() -> float:
 
 
 def run_case(impl: str, N: int, causal: bool, args) -> dict:
-    """在本进程里跑一个情形:一次预热、reps 次计时;返回时间和峰值额外内存。"""
+    """在本进程里跑一个情形：一次预热、reps 次计时；返回时间和峰值额外内存。"""
     import time
 
     import torch
@@ -271,7 +271,7 @@ def spawn(impl: str, N: int, causal: bool, args) -> dict:
 
 
 def format_table(results: list, machine_info: dict | None = None) -> str:
-    """把结果排成表:每个 N 和是否因果一组,时间、相对 SDPA 的倍数、峰值额外内存。"""
+    """把结果排成表：每个 N 和是否因果一组，时间、相对 SDPA 的倍数、峰值额外内存。"""
     lines = []
     if machine_info:
         lines.append(f"# {machine_info['cpu']}, {machine_info['torch_threads']} threads, "

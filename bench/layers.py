@@ -1,4 +1,4 @@
-"""层与 softmax 的 CPU 基准:attn_lib.MultiHeadAttention 对 torch.nn.MultiheadAttention,attn_lib.softmax 对 torch.softmax。
+"""层与 softmax 的 CPU 基准：attn_lib.MultiHeadAttention 对 torch.nn.MultiheadAttention，attn_lib.softmax 对 torch.softmax。
 
     .venv/bin/python bench/layers.py               # the three shapes of issue 9, 2 threads, float32
     .venv/bin/python bench/layers.py --threads 1 --reps 20
