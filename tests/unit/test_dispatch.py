@@ -176,32 +176,20 @@ def test_attend_builds_its_masks_on_the_input_device(backend):
     torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
-def test_sdpa_raises_where_the_reference_raises_at_the_edge_of_the_range():
-    # q = float32's max, k = 2, scale 0.5: q.k = 2 * max overflows in the reference's order (product,
-    # then scale) and not in the math kernel's (scale folded in first): the fused path raises too.
+# q.k overflows float32 in the reference's order (product, then scale) although scale * q.k fits; under
+# torch's math kernel (scale folded in first) torch alone would return a finite answer: the fused path raises.
+@pytest.mark.parametrize("q_value,k_value,scale", [(torch.finfo(torch.float32).max, 2.0, 0.5), (4e19, 5e19, 0.1)],
+                         ids=["edge of the range", "small scale"])
+def test_sdpa_raises_where_the_product_overflows_before_the_scale(q_value, k_value, scale):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q = torch.tensor([torch.finfo(torch.float32).max]).view(1, 1, 1, 1)
-    k = torch.tensor([2.0, 0.0]).view(1, 1, 2, 1)
+    q = torch.tensor([q_value]).view(1, 1, 1, 1)
+    k = torch.tensor([k_value, 0.0]).view(1, 1, 2, 1)
     v = torch.eye(2).view(1, 1, 2, 2)
     with pytest.raises(ValueError, match="attention scores overflowed"):
-        attn_lib.attention(q, k, v, scale=0.5)
+        attn_lib.attention(q, k, v, scale=scale)
     with pytest.raises(ValueError, match="attention scores overflowed"), sdpa_kernel(SDPBackend.MATH):
-        attend(q, k, v, None, is_causal=False, scale=0.5, need_weights=False, backend="sdpa", check_finite=True)
-
-
-def test_sdpa_raises_where_the_reference_raises_with_a_small_scale():
-    # q.k = 2e39 overflows float32 although scale * q.k = 2e38 fits: attention raises (it scales after the
-    # product); under the math kernel (scale folded in first) torch alone would return a finite answer.
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q = torch.tensor([4e19]).view(1, 1, 1, 1)
-    k = torch.tensor([5e19, 0.0]).view(1, 1, 2, 1)
-    v = torch.eye(2).view(1, 1, 2, 2)
-    with pytest.raises(ValueError, match="attention scores overflowed"):
-        attn_lib.attention(q, k, v, scale=0.1)
-    with pytest.raises(ValueError, match="attention scores overflowed"), sdpa_kernel(SDPBackend.MATH):
-        attend(q, k, v, None, is_causal=False, scale=0.1, need_weights=False, backend="sdpa", check_finite=True)
+        attend(q, k, v, None, is_causal=False, scale=scale, need_weights=False, backend="sdpa", check_finite=True)
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
