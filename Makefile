@@ -35,8 +35,11 @@ pdf: venv sysdeps
 	$(BIN)/python scripts/make_pdf.py _build/singlehtml $(PDF)
 	if [ -d _build/html ]; then cp $(PDF) _build/html/book.pdf; fi
 
+# Two workers (pytest-xdist), each test file on one worker (nbval runs a notebook's cells in order
+# in one kernel); on 2 cores about half the wall time of one worker, because much of it waits on
+# kernels, subprocesses, pip and the browser.
 test: venv sysdeps book pdf
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Regenerate the CJK font subset that ships in attn_lib/fonts/ (after editing figure labels).
 font: venv sysdeps

@@ -54,8 +54,8 @@ def _forward_core(backend: str, q, k, v, is_causal, scale, key_padding_mask, cau
         return triton_forward_core(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=key_padding_mask,
                                    causal_offset=causal_offset, window_size=window_size)
     return _fwd._forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=scale,
-                               block_m=_fwd.DEFAULT_BLOCK_M, block_n=_fwd.DEFAULT_BLOCK_N, counter=None,
-                               causal_offset=causal_offset, window_size=window_size)
+                               block_m=_fwd.default_block_m(q.shape[1], k.shape[1]), block_n=_fwd.DEFAULT_BLOCK_N,
+                               counter=None, causal_offset=causal_offset, window_size=window_size)
 
 
 def _backward_core(backend: str, q, k, v, out, lse, dout, is_causal, scale, key_padding_mask, causal_offset,

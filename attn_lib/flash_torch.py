@@ -47,6 +47,17 @@ DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_N = 256
 
 
+def default_block_m(H: int, H_kv: int) -> int:
+    """前向默认的查询块：一块分数 tile 总是 DEFAULT_BLOCK_M 行，GQA 时由一组的 G 个查询头分这些行。
+
+    With G = H / H_kv query heads per key/value head, a block of ``block_m`` queries is a tile
+    of ``G·block_m`` rows; ``DEFAULT_BLOCK_M // G`` keeps the tile (and so the cache it needs)
+    the size it has without sharing.
+    """
+    G = H // H_kv if H_kv else 1
+    return max(DEFAULT_BLOCK_M // max(G, 1), 1)
+
+
 def _group_rows(x, Hkv: int):
     """(B, H, L, X) -> (B·H_kv, L·G, X)：同一组 G 个查询头的同一个查询挨在一起，一块查询对一个键值头是连续的行。"""
     B, H, L, X = x.shape
@@ -175,7 +186,7 @@ def flash_attention_torch(q, k, v, *, is_causal: bool = False, scale: float | No
         is_causal: query i sees keys 0..i (top-left aligned, as ``attn_lib.causal_mask``).
         scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``.
         key_padding_mask: optional bool (B, S), True = key present.
-        block_m, block_n: queries / keys per block; ``None`` = 512 / 256.
+        block_m, block_n: queries / keys per block; ``None`` = 512 / G (``default_block_m``) / 256.
         enable_gqa: k, v have H_kv heads (H % H_kv == 0), as ``attn_lib.attention``; each
             key/value head is read in place, never repeated.
         window_size: ``(left, right)``, query i sees keys i - left .. i + right (-1: no
@@ -196,7 +207,7 @@ def flash_attention_torch(q, k, v, *, is_causal: bool = False, scale: float | No
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale, enable_gqa=enable_gqa)
     check_no_grad_needed("flash_attention_torch", q, k, v)
     check_key_padding_mask(key_padding_mask, B, S, q.device)
-    block_m = check_block("block_m", block_m, power_of_two=False) or DEFAULT_BLOCK_M
+    block_m = check_block("block_m", block_m, power_of_two=False) or default_block_m(H, k.shape[1])
     block_n = check_block("block_n", block_n, power_of_two=False) or DEFAULT_BLOCK_N
     window_size = check_window_size(window_size, check_bool("is_causal", is_causal))
     out, lse = _forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=resolve_scale(scale, D),
@@ -205,4 +216,4 @@ def flash_attention_torch(q, k, v, *, is_causal: bool = False, scale: float | No
     return out, lse
 
 
-__all__ = ["flash_attention_torch", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N"]
+__all__ = ["flash_attention_torch", "DEFAULT_BLOCK_M", "DEFAULT_BLOCK_N", "default_block_m"]

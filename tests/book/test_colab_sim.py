@@ -28,6 +28,7 @@ thread (several NotebookClients in threads can lose kernel messages and hang). A
 from __future__ import annotations
 
 import configparser
+import hashlib
 import json
 import os
 import re
@@ -43,6 +44,10 @@ from nbclient import NotebookClient
 from book_helpers import NOTEBOOKS, ROOT, SETUP_CELL, UNCHECKED_TAGS, read_notebook
 
 CHAPTERS = NOTEBOOKS
+# The kernels of this simulation run torch, OpenMP and MKL with 1 thread: this pass is also the
+# book's 1-thread pass (printed numbers identical with 1 and 2 threads; tests/book/test_reproducible.py
+# runs nbval with 2 threads where the main pass did not already).
+KERNEL_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 # What Colab has preinstalled that the chapters use (torch's CUDA build brings triton there).
 COLAB_PACKAGES = ["torch==2.13.0", "triton==3.7.1", "numpy", "matplotlib", "ipykernel", "ipywidgets"]
 _COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "_build", "build", "*.egg-info", "__pycache__",
@@ -111,6 +116,7 @@ def colab_env(tmp_path_factory):
     (kernels / "kernel.json").write_text(json.dumps({
         "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "Colab simulation", "language": "python",
+        "env": KERNEL_THREADS,  # the 1-thread pass of the book (see KERNEL_THREADS)
     }))
     yield {"tmp": tmp, "venv": venv, "python": python, "env": env, "checkout": checkout,
            "jupyter_path": str(tmp / "jupyter")}
@@ -185,8 +191,10 @@ def executed(colab_env):
         except Exception as exc:  # reported by the chapter's own test
             return chapter.name, exc
 
+    before = _digest(CHAPTERS)
     try:
         results = dict(one(chapter) for chapter in CHAPTERS)
+        results["digests"] = (before, _digest(CHAPTERS))
     finally:
         for k, v in env_backup.items():
             if v is None:
@@ -194,6 +202,10 @@ def executed(colab_env):
             else:
                 os.environ[k] = v
     return results
+
+
+def _digest(paths) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
 def _compare(chapter: Path, result, where: str) -> None:
@@ -235,9 +247,14 @@ def test_widget_cells_ran_without_output_widget_emulation(executed):
     assert "application/vnd.jupyter.widget-view+json" in kinds and "image/png" in kinds, kinds
 
 
+def test_running_the_chapters_left_the_committed_files_untouched(executed):
+    before, after = executed["digests"]
+    assert len(before) == len(CHAPTERS) and after == before, "running the chapters changed the committed files"
+
+
 def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
     probe = NotebookClient(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "import attn_lib, sys; print(sys.prefix); print(attn_lib.__file__)")]),
+        "import attn_lib, sys, torch; print(sys.prefix); print(attn_lib.__file__); print(torch.get_num_threads())")]),
         kernel_name="colab-sim", timeout=120, resources={"metadata": {"path": str(colab_env["tmp"])}})
     old = {k: os.environ.get(k) for k in ("JUPYTER_PATH", "PYTHONPATH")}
     os.environ["JUPYTER_PATH"] = colab_env["jupyter_path"]
@@ -252,6 +269,7 @@ def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
                 os.environ[k] = v
     where = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stdout").split()
     assert where[0] == str(colab_env["venv"]) and str(colab_env["venv"]) in where[1], where
+    assert where[2] == "1", f"the simulation's kernels must run torch with 1 thread (the 1-thread pass), found {where[2]}"
 
 
 # --- ModelScope (魔搭): the reader clones the repository into the instance and opens a chapter ---

@@ -1,12 +1,19 @@
-"""Reproducible outputs: nbval passes again, with 1 thread and with 2.
+"""Reproducible outputs: every chapter prints what is committed with 1 thread and with 2.
 
 The main `pytest` run (pyproject's addopts include --nbval) is the first nbval pass over
-chapters/*.ipynb; the tests here run nbval again in fresh subprocesses, with torch,
-OpenMP and MKL limited to 1 and then 2 threads (the 2-thread pass is skipped, with its reason,
-where the main pass already ran with 2 threads, as on a 2-core machine) (torch reads OMP_NUM_THREADS when it starts,
-and the notebook kernels inherit the environment). They also check that running the
-notebooks leaves the committed files untouched. A fast test checks the library's own numbers
-(attention, tiled FlashAttention, multi-head, softmax) under 1 and 2 threads.
+chapters/*.ipynb, with torch's default thread count. Every chapter then runs once more with
+1 thread and once more with 2, each skipped (with its reason) where another pass of the same
+run already covers that count:
+- 1 thread: the Colab-like simulation (tests/book/test_colab_sim.py) runs every chapter in
+  kernels limited to 1 thread and compares every printed line with the committed one; where it
+  is not part of the run, nbval runs here again with 1 thread;
+- 2 threads: nbval runs here again with 2 threads, unless the main pass already ran with 2
+  (as on a 2-core machine).
+A rerun here is a fresh subprocess with torch, OpenMP and MKL limited to that count (torch
+reads OMP_NUM_THREADS when it starts, and the notebook kernels inherit the environment); it
+also checks that running the notebooks leaves the committed files untouched. A fast test
+checks the library's own numbers (attention, tiled FlashAttention, multi-head, softmax) under
+1 and 2 threads.
 
 They take a few minutes, so they carry the `slow` marker: `make test` runs them, a quick
 local run can skip them with `-m "not slow"`.
@@ -79,13 +86,26 @@ def _main_pass_threads() -> int:
     return int(r.stdout.strip())
 
 
+def _colab_pass_in_this_run(session) -> bool:
+    """Whether this run executes every chapter in the Colab-like simulation (its kernels: 1 thread)."""
+    from test_colab_sim import CHAPTERS as COLAB_CHAPTERS, KERNEL_THREADS
+
+    ran = {item.callspec.params["chapter"].name for item in session.items
+           if getattr(item, "originalname", None) == "test_chapter_runs_in_the_fresh_environment"}
+    return KERNEL_THREADS["OMP_NUM_THREADS"] == "1" and ran == {p.name for p in NOTEBOOKS} == \
+        {p.name for p in COLAB_CHAPTERS}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2])
-def test_nbval_passes_again_with_threads(threads):
+def test_nbval_passes_again_with_threads(threads, request):
     if not NOTEBOOKS:
         pytest.skip("no chapters/*.ipynb yet")
     if threads == _main_pass_threads():
         pytest.skip(f"the main nbval pass of this run already executed every chapter with {threads} threads")
+    if threads == 1 and _colab_pass_in_this_run(request.session):
+        pytest.skip("the Colab-like simulation of this run executes every chapter with 1 thread and compares "
+                    "every printed line (tests/book/test_colab_sim.py)")
     before = _digest(NOTEBOOKS)
     # The same options as the main run (pyproject's addopts: --nbval --nbval-current-env
     # --nbval-sanitize-with tests/sanitize.cfg); no cache directory is written.

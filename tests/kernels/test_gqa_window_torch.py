@@ -211,3 +211,25 @@ def test_empty_sizes_keep_the_query_heads(sizes):
     assert out.shape == ref.shape == (B, 6, L, 10) and torch.equal(out, ref)
     out.sum().backward()
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+# The default query block 512 // G and the ceil(L / block) query blocks it makes for L = 1100, by hand.
+DEFAULT_QUERY_BLOCKS = [((8, 8), 512, 3), ((8, 2), 128, 9), ((32, 8), 128, 9), ((6, 1), 85, 13)]
+
+
+@pytest.mark.parametrize("heads, block_m, blocks", DEFAULT_QUERY_BLOCKS,
+                         ids=[f"{h}x{kv}" for (h, kv), _, _ in DEFAULT_QUERY_BLOCKS])
+def test_the_default_query_block_keeps_a_tile_of_512_rows_under_gqa(heads, block_m, blocks, monkeypatch):
+    """G = H / H_kv query heads share a key/value head: the default block is 512 // G queries, a tile of
+    at most 512 rows as without sharing; flash_attention(backend="torch") uses the same default."""
+    (H, Hkv), (L, S, D) = heads, (1100, 40, 2)
+    q, k, v = qkv(1, H, Hkv, L, S, D=D, Dv=D, dtype=torch.float32)
+    counter = IOCounter()
+    flash_attention_torch(q, k, v, enable_gqa=True, counter=counter)
+    assert counter.reads["K"] == blocks * Hkv * S * D  # every query block reads every key once
+    used = []
+    tiles = attn_lib.flash_torch._forward_tiles
+    monkeypatch.setattr(attn_lib.flash_torch, "_forward_tiles",
+                        lambda *a, **kw: used.append(kw["block_m"]) or tiles(*a, **kw))
+    flash_attention(q, k, v, backend="torch", enable_gqa=True)
+    assert used == [block_m]
