@@ -90,8 +90,9 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
     Q = _group_rows(q.to(work), Hkv)  # (B,H,L,D) -> (B*H_kv,L*G,D)
     Kt = k.to(work).reshape(BK, S, D).transpose(1, 2)  # (B,H_kv,S,D) -> (B*H_kv,D,S)
     V = v.to(work).reshape(BK, S, Dv)  # (B,H_kv,S,Dv) -> (B*H_kv,S,Dv)
-    out = torch.empty(BK, L * G, Dv, dtype=work, device=dev)  # (B*H_kv,L*G,Dv)
-    lse = torch.empty(BK, L * G, dtype=work, device=dev)  # (B*H_kv,L*G)
+    # Written block by block straight into the (B, H, L) layout: no copy back from the grouped rows.
+    out = torch.empty(BK, G, L, Dv, dtype=work, device=dev)  # (B*H_kv,G,L,Dv) = (B,H,L,Dv)
+    lse = torch.empty(BK, G, L, dtype=work, device=dev)  # (B*H_kv,G,L) = (B,H,L)
     tiles = dict(
         qk_buf=torch.empty(BK * bm_max * G * bn_max, dtype=work, device=dev),  # the one score tile
         hidden=None if key_padding_mask is None
@@ -104,13 +105,14 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
         m1 = min(m0 + block_m, L)
         acc_i, m_i, l_i = _forward_query_block(Q[:, m0 * G:m1 * G], Kt, V, m0, **tiles)  # (BK,bm*G,Dv), (BK,bm*G,1) x2
         # Normalise once per query block; rows that saw no key have l_i = 0 and acc = 0 -> output 0.
-        seen = l_i > 0  # (BK,bm*G,1)
-        torch.div(acc_i, torch.where(seen, l_i, torch.ones_like(l_i)), out=out[:, m0 * G:m1 * G])  # (BK,bm*G,Dv)
-        lse[:, m0 * G:m1 * G] = ((m_i + torch.log2(l_i)) * LN2).squeeze(-1)  # (BK,bm*G,1) -> (BK,bm*G); l=0 -> -inf
+        bm = m1 - m0
+        l_safe = torch.where(l_i > 0, l_i, torch.ones_like(l_i)).view(BK, bm, G, 1).transpose(1, 2)  # (BK,G,bm,1)
+        torch.div(acc_i.view(BK, bm, G, Dv).transpose(1, 2), l_safe, out=out[:, :, m0:m1])  # (BK,G,bm,Dv)
+        lse[:, :, m0:m1] = ((m_i + torch.log2(l_i)) * LN2).view(BK, bm, G).transpose(1, 2)  # (BK,bm*G,1) -> (BK,G,bm); l=0 -> -inf
         if counter is not None:
             counter.store("O", BK * G * (m1 - m0) * Dv)
             counter.store("lse", BK * G * (m1 - m0))
-    return _ungroup_rows(out, B, Hkv, G, L).to(q.dtype), _ungroup_rows(lse, B, Hkv, G, L)  # (B,H,L,Dv), (B,H,L)
+    return out.view(B, H, L, Dv).to(q.dtype), lse.view(B, H, L)  # (B,H,L,Dv), (B,H,L)
 
 
 def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, factor, band, group, block_n, counter):
@@ -119,7 +121,8 @@ def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, facto
     bm, (S, Dv), (lo, hi) = Q_i.shape[1] // G, (Kt.shape[2], V.shape[2]), band
     m_i = torch.full((BK, bm * G, 1), float("-inf"), dtype=Q_i.dtype, device=Q_i.device)  # running max (base 2)
     l_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # running sum of exp2
-    acc_i = torch.zeros(BK, bm * G, Dv, dtype=Q_i.dtype, device=Q_i.device)  # running weighted sum of values
+    acc_i = torch.empty(BK, bm * G, Dv, dtype=Q_i.dtype, device=Q_i.device)  # running weighted sum of values
+    started = False  # acc_i holds values (until then it is neither zeroed nor read)
     if counter is not None:
         counter.load("Q", BK * bm * G * D)
     n_start, n_end = key_range(m0, m0 + bm, S, lo, hi)  # key blocks wholly outside the band are skipped
@@ -143,12 +146,17 @@ def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, facto
         p = qk.sub_(m_use).exp2_()  # (BK,rows,bn), in place
         alpha = (m_old - m_use).exp2_()  # (BK,rows,1)
         l_i[:, r0:r1].mul_(alpha).add_(p.sum(-1, keepdim=True))  # (BK,rows,1)
-        if r1 - r0 == bm * G:
+        if r1 - r0 == bm * G and not started:  # the first block: acc = P V, nothing to rescale or zero first
+            torch.bmm(p, V[:, n0:n1], out=acc_i)  # (BK,bm*G,bn) @ (BK,bn,Dv) -> (BK,bm*G,Dv)
+        elif r1 - r0 == bm * G:
             acc_i.mul_(alpha).baddbmm_(p, V[:, n0:n1])  # += (BK,bm*G,bn) @ (BK,bn,Dv) -> (BK,bm*G,Dv)
         else:  # a row slice is not one contiguous batch: baddbmm_ would fall back to one matmul per head
+            if not started:
+                acc_i.zero_()  # rows outside the slice must read 0 later
             acc_i[:, r0:r1].mul_(alpha).add_(torch.bmm(p, V[:, n0:n1]))  # (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)
+        started = True
         m_i[:, r0:r1] = m_ij
-    return acc_i, m_i, l_i
+    return (acc_i if started else acc_i.zero_()), m_i, l_i
 
 
 def _mask_tile(qk, hidden, col_minus_row, i0: int, n0: int, n1: int, lo, hi, G: int) -> None:
@@ -161,7 +169,10 @@ def _mask_tile(qk, hidden, col_minus_row, i0: int, n0: int, n1: int, lo, hi, G: 
         hide = (d < lo) if cut_lo else None  # (rows,bn)
         if cut_hi:
             hide = (d > hi) if hide is None else hide | (d > hi)  # (rows,bn)
-        qk.view(BK, rows, G, bn).masked_fill_(hide[:, None, :], float("-inf"))  # (BK,rows,G,bn) with (rows,1,bn)
+        # min(score, -inf / +inf): the same as masked_fill_ (also for a score that overflowed to +inf),
+        # several times faster than masked_fill_ with a broadcast bool mask on a CPU.
+        cap = torch.where(hide, float("-inf"), float("inf")).to(qk.dtype)  # (rows,bn)
+        qk.view(BK, rows, G, bn).clamp_(max=cap[:, None, :])  # (BK,rows,G,bn) with (rows,1,bn)
     if hidden is not None:
         qk.masked_fill_(hidden[:, :, n0:n1], float("-inf"))  # (BK,rows*G,bn) with (BK,1,bn)
 

@@ -52,16 +52,18 @@ def _attn_bwd_dkdv(Q_i, K_j, V_j, dO_i, neg_lse2_i, neg_delta_i, dK_j, dV_j, dQ_
     ``a·b = scale·log2(e)`` and ``neg_lse2_i = −lse_i·log2(e)`` (BH, bm, 1), so
     ``exp2(Q_i K_jᵀ·a·b + neg_lse2_i) = P_ij``; ``neg_delta_i = −D_i`` (BH, bm, 1). Updates
     ``dK_j``, ``dV_j``, ``dQ_i`` in place without the scale (the caller multiplies once at
-    the end). ``qk`` and ``dp`` are preallocated (BH, bm, bn) buffers; ``hide`` is None or a
-    bool mask broadcastable to them (True = hidden).
+    the end). ``qk`` and ``dp`` are preallocated (BH, bm, bn) buffers; ``hide`` is None, a
+    bool mask broadcastable to them (True = hidden) or a float cap (-inf hidden, +inf visible).
     """
     if factor[1] == 1.0:  # S_ij - lse_i in one call: the product added to -lse_i
         torch.baddbmm(neg_lse2_i.expand_as(qk), Q_i, K_j.transpose(1, 2), alpha=factor[0], out=qk)  # (BH,bm,D) @ (BH,D,bn) -> (BH,bm,bn)
     else:  # scale·log2(e) does not fit the working dtype: two factors, then -lse_i
         torch.baddbmm(qk, Q_i, K_j.transpose(1, 2), beta=0, alpha=factor[0], out=qk)  # (BH,bm,D) @ (BH,D,bn) -> (BH,bm,bn)
         qk.mul_(factor[1]).add_(neg_lse2_i)  # (BH,bm,bn)
-    if hide is not None:
+    if hide is not None and hide.dtype == torch.bool:
         qk.masked_fill_(hide, float("-inf"))  # (BH,bm,bn)
+    elif hide is not None:  # a float cap: -inf where hidden, +inf where visible
+        qk.clamp_(max=hide)  # (BH,bm,bn)
     p = qk.exp2_()  # P_ij = exp(S_ij - lse_i), (BH,bm,bn), in place
     dV_j.baddbmm_(p.transpose(1, 2), dO_i)  # += (BH,bn,bm) @ (BH,bm,Dv) -> (BH,bn,Dv)
     torch.baddbmm(neg_delta_i.expand_as(dp), dO_i, V_j.transpose(1, 2), out=dp)  # dP_ij - D_i: (BH,bm,Dv) @ (BH,Dv,bn) -> (BH,bm,bn)
@@ -126,7 +128,10 @@ def _backward_key_block(K_j, V_j, n0, *, Q, dO, neg_lse2, neg_delta, dQ_blocks, 
         band_hide = _band_hide(col_minus_row, m0, bm, n0, bn, lo, hi)  # None or (bm,bn)
         if band_hide is not None:
             band_hide = band_hide.repeat_interleave(G, dim=0) if G > 1 else band_hide  # (bm,bn) -> (bm*G,bn)
-            hide = band_hide if hide is None else (hide | band_hide)  # (BK,bm*G,bn) or (bm*G,bn)
+            if hide is None:  # a float cap: min(score, -inf / +inf) is masked_fill_, several times faster on a CPU
+                hide = torch.where(band_hide, float("-inf"), float("inf")).to(qk_buf.dtype)  # (bm*G,bn)
+            else:
+                hide = hide | band_hide  # (BK,bm*G,bn)
         _attn_bwd_dkdv(Q[:, m0 * G:m1 * G], K_j, V_j, dO[:, m0 * G:m1 * G], neg_lse2[:, m0 * G:m1 * G],
                        neg_delta[:, m0 * G:m1 * G], dK_j, dV_j, dQ_blocks[i],
                        qk_buf[: BK * bm * G * bn].view(BK, bm * G, bn), dp_buf[: BK * bm * G * bn].view(BK, bm * G, bn),

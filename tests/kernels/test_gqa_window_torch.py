@@ -233,3 +233,19 @@ def test_the_default_query_block_keeps_a_tile_of_512_rows_under_gqa(heads, block
                         lambda *a, **kw: used.append(kw["block_m"]) or tiles(*a, **kw))
     flash_attention(q, k, v, backend="torch", enable_gqa=True)
     assert used == [block_m]
+
+
+@pytest.mark.parametrize("window, causal", [((-1, -1), True), ((1, 0), False), ((0, 1), False)], ids=ids)
+def test_a_score_that_overflows_outside_the_band_stays_hidden(window, causal):
+    """A hidden pair whose float32 score overflows to +inf changes nothing (as in the reference), forward and
+    backward: the tiled path hides band positions by min(score, -inf), which also holds for +inf."""
+    q, k, v = qkv(1, 4, 2, 5, 5, D=4, Dv=3, dtype=torch.float32, requires_grad=False)
+    q, k = q.clone(), k.clone()
+    q[:, :, 0], k[:, :, 4] = 1e20, 1e20  # query 0 never sees key 4 in these bands; scale·q·k = inf in float32
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out = flash_attention(q, k, v, is_causal=causal, window_size=window, backend="torch", enable_gqa=True)
+    want, _ = attn_lib.attention(*(t.detach().double() for t in (q, k, v)), is_causal=causal, window_size=window,
+                                 enable_gqa=True)
+    assert_close(out.double(), want, dtype=torch.float32)
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

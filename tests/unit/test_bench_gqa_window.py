@@ -153,3 +153,17 @@ def test_cpu_suites_quick_smoke(suite, tmp_path):
     assert sorted((r["impl"], r["mode"]) for r in results) == sorted((i, m) for i in impls for m in cpu.MODES)
     assert not [r for r in results if "error" in r], [r["error"] for r in results if "error" in r]
     assert "failed" not in res.stdout
+
+
+def test_rounds_merge_to_the_fastest_call_and_the_largest_memory():
+    """--rounds: one case spawned several times, the sides alternating; the table keeps the minimum time over
+    every timed call of every round, the largest peak memory, and an error if any round failed."""
+    rounds = [{"impl": "tiled_gqa", "time_s": 0.30, "times_s": [0.31, 0.30], "peak_extra_mib": 70.0},
+              {"impl": "tiled_gqa", "time_s": 0.25, "times_s": [0.25, 0.29], "peak_extra_mib": 72.0},
+              {"impl": "tiled_gqa", "time_s": 0.27, "times_s": [0.28, 0.27], "peak_extra_mib": 71.0}]
+    merged = cpu.merge_rounds(rounds)
+    assert merged["time_s"] == 0.25 and merged["peak_extra_mib"] == 72.0 and merged["rounds"] == 3
+    assert merged["times_s"] == [0.31, 0.30, 0.25, 0.29, 0.28, 0.27]
+    failed = {"impl": "tiled_gqa", "error": "killed (out of memory?)"}
+    assert cpu.merge_rounds([rounds[0], failed]) == failed
+    assert cpu.parse_args(["--gqa"]).rounds == 3 and cpu.parse_args(["--gqa", "--quick"]).rounds == 1
