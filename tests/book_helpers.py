@@ -6,6 +6,7 @@ The website helpers (the built site, the local server, Chromium) are in site_ser
 """
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import nbformat
@@ -19,3 +20,8 @@ UNCHECKED_TAGS = {"nbval-ignore-output", "nbval-skip"}  # cell tags whose output
 def read_notebook(path: Path) -> nbformat.NotebookNode:
     """The notebook at ``path`` as nbformat version 4."""
     return nbformat.read(path, as_version=4)
+
+
+def digest(paths) -> dict:
+    """{file name: sha256} of files (to check that running the notebooks leaves them untouched)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}

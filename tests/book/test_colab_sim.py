@@ -28,7 +28,6 @@ thread (several NotebookClients in threads can lose kernel messages and hang). A
 from __future__ import annotations
 
 import configparser
-import hashlib
 import json
 import os
 import re
@@ -41,7 +40,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from book_helpers import NOTEBOOKS, ROOT, SETUP_CELL, UNCHECKED_TAGS, read_notebook
+from book_helpers import NOTEBOOKS, ROOT, SETUP_CELL, UNCHECKED_TAGS, digest, read_notebook
 
 CHAPTERS = NOTEBOOKS
 # The kernels of this simulation run torch, OpenMP and MKL with 1 thread: this pass is also the
@@ -191,10 +190,10 @@ def executed(colab_env):
         except Exception as exc:  # reported by the chapter's own test
             return chapter.name, exc
 
-    before = _digest(CHAPTERS)
+    before = digest(CHAPTERS)
     try:
         results = dict(one(chapter) for chapter in CHAPTERS)
-        results["digests"] = (before, _digest(CHAPTERS))
+        results["digests"] = (before, digest(CHAPTERS))
     finally:
         for k, v in env_backup.items():
             if v is None:
@@ -202,10 +201,6 @@ def executed(colab_env):
             else:
                 os.environ[k] = v
     return results
-
-
-def _digest(paths) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
 def _compare(chapter: Path, result, where: str) -> None:

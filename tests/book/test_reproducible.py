@@ -20,14 +20,13 @@ local run can skip them with `-m "not slow"`.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
 
 import pytest
 
-from book_helpers import NOTEBOOKS, ROOT
+from book_helpers import NOTEBOOKS, ROOT, digest
 
 
 def _env(threads: int) -> dict:
@@ -38,10 +37,6 @@ def _env(threads: int) -> dict:
     # from a CI shell) would swallow every figure and fail nbval.
     env.pop("MPLBACKEND", None)
     return env
-
-
-def _digest(paths) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
 
 
 # Every library path the chapters print from, on fixed seeds; the numbers printed the way the
@@ -106,7 +101,7 @@ def test_nbval_passes_again_with_threads(threads, request):
     if threads == 1 and _colab_pass_in_this_run(request.session):
         pytest.skip("the Colab-like simulation of this run executes every chapter with 1 thread and compares "
                     "every printed line (tests/book/test_colab_sim.py)")
-    before = _digest(NOTEBOOKS)
+    before = digest(NOTEBOOKS)
     # The same options as the main run (pyproject's addopts: --nbval --nbval-current-env
     # --nbval-sanitize-with tests/sanitize.cfg); no cache directory is written.
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -114,4 +109,4 @@ def test_nbval_passes_again_with_threads(threads, request):
     r = subprocess.run(cmd, cwd=ROOT, env=_env(threads), capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, f"nbval with {threads} thread(s) failed:\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}"
     assert "passed" in r.stdout
-    assert _digest(NOTEBOOKS) == before, "running the notebooks changed the committed files"
+    assert digest(NOTEBOOKS) == before, "running the notebooks changed the committed files"
