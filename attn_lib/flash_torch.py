@@ -15,6 +15,13 @@ fused-attention tutorial so the two read side by side (``attn_lib/flash_triton.p
             m_i  = m_ij
         O_i = acc / l_i,   lse_i = (m_i + log2 l_i) · ln 2
 
+On CPU one pass over the tile is saved while the scores stay small: the weights only need
+*some* per-row reference c with ``exp2(score - c)`` in range, not the exact maximum (the
+normalisation divides c out again). While every score of a query block lies within ±60
+(base 2) of 0 the reference is 0: ``p = exp2(qk)`` in place, nothing subtracted, nothing
+rescaled. The first tile that leaves that range switches the block to the running maximum
+above (``_tile_weights``); a row with no weight yet then starts from its own maximum.
+
 Working in base 2 (``exp2`` with ``log2(e)`` multiplied into the scores) is the tutorial's
 trick; on CPU torch's ``exp2`` is also about three times faster than ``exp``. The factor is
 applied by the matrix product itself (``baddbmm``'s ``alpha``), not folded into Q first, so
@@ -116,13 +123,18 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
 
 
 def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, factor, band, group, block_n, counter):
-    """一块查询 Q_i（G 个头的行交错）对它看得见的每一块键：返回未归一化的 acc_i、行最大值 m_i（以 2 为底）和指数和 l_i。"""
+    """一块查询 Q_i（G 个头的行交错）对它看得见的每一块键：返回未归一化的 acc_i、参考值 m_i（以 2 为底）和指数和 l_i。
+
+    ``exp2(score - m_i)`` are the weights, with ``m_i`` a per-row reference (base 2). While every
+    score of the query block lies within ``±ZERO_REF_RANGE`` of 0 the reference stays 0 and a tile
+    needs no shift at all (``_tile_weights``); otherwise it becomes the running row maximum.
+    """
     BK, G, D = Q_i.shape[0], group, Q_i.shape[2]
     bm, (S, Dv), (lo, hi) = Q_i.shape[1] // G, (Kt.shape[2], V.shape[2]), band
-    m_i = torch.full((BK, bm * G, 1), float("-inf"), dtype=Q_i.dtype, device=Q_i.device)  # running max (base 2)
-    l_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # running sum of exp2
+    m_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # reference (base 2) per row
+    l_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # running sum of exp2(score - m_i)
     acc_i = torch.empty(BK, bm * G, Dv, dtype=Q_i.dtype, device=Q_i.device)  # running weighted sum of values
-    started = False  # acc_i holds values (until then it is neither zeroed nor read)
+    state = {"started": False, "zero_ref": True}  # acc_i holds values; m_i is still 0 everywhere
     if counter is not None:
         counter.load("Q", BK * bm * G * D)
     n_start, n_end = key_range(m0, m0 + bm, S, lo, hi)  # key blocks wholly outside the band are skipped
@@ -139,24 +151,56 @@ def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, facto
         if factor[1] != 1.0:  # scale·log2(e) does not fit the working dtype: second factor
             qk.mul_(factor[1])  # (BK,rows,bn)
         _mask_tile(qk, hidden, col_minus_row, m0 + r0 // G, n0, n1, lo, hi, G)
-        m_old = m_i[:, r0:r1]  # (BK,rows,1)
-        m_ij = torch.maximum(m_old, qk.amax(-1, keepdim=True))  # (BK,rows,1)
-        # rows that have seen no (finite) score yet keep m = -inf: shift by 0
-        m_use = torch.where(torch.isneginf(m_ij), torch.zeros_like(m_ij), m_ij)  # (BK,rows,1)
-        p = qk.sub_(m_use).exp2_()  # (BK,rows,bn), in place
-        alpha = (m_old - m_use).exp2_()  # (BK,rows,1)
-        l_i[:, r0:r1].mul_(alpha).add_(p.sum(-1, keepdim=True))  # (BK,rows,1)
-        if r1 - r0 == bm * G and not started:  # the first block: acc = P V, nothing to rescale or zero first
-            torch.bmm(p, V[:, n0:n1], out=acc_i)  # (BK,bm*G,bn) @ (BK,bn,Dv) -> (BK,bm*G,Dv)
-        elif r1 - r0 == bm * G:
-            acc_i.mul_(alpha).baddbmm_(p, V[:, n0:n1])  # += (BK,bm*G,bn) @ (BK,bn,Dv) -> (BK,bm*G,Dv)
-        else:  # a row slice is not one contiguous batch: baddbmm_ would fall back to one matmul per head
-            if not started:
-                acc_i.zero_()  # rows outside the slice must read 0 later
-            acc_i[:, r0:r1].mul_(alpha).add_(torch.bmm(p, V[:, n0:n1]))  # (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)
-        started = True
-        m_i[:, r0:r1] = m_ij
-    return (acc_i if started else acc_i.zero_()), m_i, l_i
+        p, alpha = _tile_weights(qk, m_i[:, r0:r1], l_i[:, r0:r1], state)  # (BK,rows,bn), (BK,rows,1) or None
+        _accumulate(acc_i, p, V[:, n0:n1], alpha, r0, r1, bm * G, state)
+    return (acc_i if state["started"] else acc_i.zero_()), m_i, l_i
+
+
+ZERO_REF_RANGE = 60.0  # |score| (base 2) below which exp2(score) needs no shift: 2^±60 and sums of them fit float32
+
+
+def _tile_weights(qk, m_old, l_old, state):
+    """分数块变成权重 exp2(score - m)（就地），并更新这些行的 m 和 l：返回 (p, alpha)，alpha 为 None 表示不必缩放。
+
+    The fast case (every row's maximum within ``±ZERO_REF_RANGE`` of the reference 0, or a row
+    with no visible key): ``exp2`` in place, nothing to subtract and nothing to rescale. Otherwise
+    FlashAttention's update with the running maximum; a row that has no weight yet restarts from
+    its own maximum (its reference 0 may lie far from its scores).
+    """
+    r = qk.amax(-1, keepdim=True)  # (BK,rows,1)
+    if state["zero_ref"]:
+        finite = torch.where(torch.isneginf(r), 0.0, r)  # (BK,rows,1); a nan stays nan and fails the test
+        if finite.numel() == 0 or bool(finite.abs().amax() <= ZERO_REF_RANGE):
+            p = qk.exp2_()  # (BK,rows,bn), in place
+            l_old.add_(p.sum(-1, keepdim=True))  # (BK,rows,1)
+            return p, None
+        state["zero_ref"] = False
+    m_prev = torch.where(l_old > 0, m_old, float("-inf"))  # (BK,rows,1): rows without weight restart
+    m_ij = torch.maximum(m_prev, r)  # (BK,rows,1)
+    m_use = torch.where(torch.isneginf(m_ij), torch.zeros_like(m_ij), m_ij)  # rows that see nothing: shift by 0
+    p = qk.sub_(m_use).exp2_()  # (BK,rows,bn), in place
+    alpha = (m_prev - m_use).exp2_()  # (BK,rows,1)
+    l_old.mul_(alpha).add_(p.sum(-1, keepdim=True))  # (BK,rows,1)
+    m_old.copy_(m_use)
+    return p, alpha
+
+
+def _accumulate(acc_i, p, V_n, alpha, r0: int, r1: int, rows_all: int, state) -> None:
+    """acc_i[r0:r1] = acc_i[r0:r1]·alpha + p V_n（alpha 为 None 时不缩放；第一块直接写入）。"""
+    if r1 - r0 == rows_all and not state["started"]:  # the first block: acc = P V, nothing to rescale or zero first
+        torch.bmm(p, V_n, out=acc_i)  # (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)
+    elif r1 - r0 == rows_all:
+        if alpha is not None:
+            acc_i.mul_(alpha)  # (BK,rows,Dv)
+        acc_i.baddbmm_(p, V_n)  # += (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)
+    else:  # a row slice is not one contiguous batch: baddbmm_ would fall back to one matmul per head
+        if not state["started"]:
+            acc_i.zero_()  # rows outside the slice must read 0 later
+        part = acc_i[:, r0:r1]  # (BK,rows,Dv)
+        if alpha is not None:
+            part.mul_(alpha)
+        part.add_(torch.bmm(p, V_n))  # (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)
+    state["started"] = True
 
 
 def _mask_tile(qk, hidden, col_minus_row, i0: int, n0: int, n1: int, lo, hi, G: int) -> None:
