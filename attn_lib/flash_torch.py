@@ -20,7 +20,9 @@ On CPU one pass over the tile is saved while the scores stay small: the weights 
 normalisation divides c out again). While every score of a query block lies within ±60
 (base 2) of 0 the reference is 0: ``p = exp2(qk)`` in place, nothing subtracted, nothing
 rescaled. The first tile that leaves that range switches the block to the running maximum
-above (``_tile_weights``); a row with no weight yet then starts from its own maximum.
+above (``_tile_weights``); a row with no weight yet then starts from its own maximum. When
+``scale·log2(e)·max|q|·max|k| <= 60`` (Cauchy–Schwarz) no score can leave the range, and the
+tiles skip even the row maximum.
 
 Working in base 2 (``exp2`` with ``log2(e)`` multiplied into the scores) is the tutorial's
 trick; on CPU torch's ``exp2`` is also about three times faster than ``exp``. The factor is
@@ -102,12 +104,15 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
     lse = torch.empty(BK, G, L, dtype=work, device=dev)  # (B*H_kv,G,L) = (B,H,L)
     tiles = dict(
         qk_buf=torch.empty(BK * bm_max * G * bn_max, dtype=work, device=dev),  # the one score tile
+        # the one accumulator, reused by every query block (a fresh one per block costs page faults on a CPU)
+        acc_buf=torch.empty(BK * bm_max * G * Dv, dtype=work, device=dev),
         hidden=None if key_padding_mask is None
         else (~key_padding_mask).repeat_interleave(Hkv, dim=0)[:, None, :],  # (B,S) -> (B*H_kv,1,S), True = absent
         # j - i for every position of a tile (row r, column c): c - r, shifted per tile
         col_minus_row=torch.arange(bn_max, device=dev)[None, :] - torch.arange(bm_max, device=dev)[:, None],  # (bm,bn)
         factor=base2_factor(scale, work), band=band(causal, window_size, causal_offset), group=G,
         block_n=block_n, counter=counter)
+    tiles["bounded"] = _scores_bounded(Q, Kt, tiles["factor"])
     for m0 in range(0, L, block_m):
         m1 = min(m0 + block_m, L)
         acc_i, m_i, l_i = _forward_query_block(Q[:, m0 * G:m1 * G], Kt, V, m0, **tiles)  # (BK,bm*G,Dv), (BK,bm*G,1) x2
@@ -122,7 +127,17 @@ def _forward_tiles(q, k, v, key_padding_mask, *, causal, scale, block_m, block_n
     return out.view(B, H, L, Dv).to(q.dtype), lse.view(B, H, L)  # (B,H,L,Dv), (B,H,L)
 
 
-def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, factor, band, group, block_n, counter):
+def _scores_bounded(Q, Kt, factor) -> bool:
+    """|score| <= factor·max|q|·max|k| (Cauchy–Schwarz): whether that bound keeps every score within ±ZERO_REF_RANGE."""
+    if Q.numel() == 0 or Kt.numel() == 0:
+        return True
+    norms = torch.stack([torch.linalg.vector_norm(Q, dim=-1).amax(), torch.linalg.vector_norm(Kt, dim=1).amax()])
+    q_max, k_max = norms.double().tolist()  # one host sync per call
+    return abs(factor[0] * factor[1]) * q_max * k_max <= ZERO_REF_RANGE  # False for inf / nan
+
+
+def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, acc_buf, hidden, col_minus_row, factor, band, group, block_n,
+                         counter, bounded):
     """一块查询 Q_i（G 个头的行交错）对它看得见的每一块键：返回未归一化的 acc_i、参考值 m_i（以 2 为底）和指数和 l_i。
 
     ``exp2(score - m_i)`` are the weights, with ``m_i`` a per-row reference (base 2). While every
@@ -133,8 +148,9 @@ def _forward_query_block(Q_i, Kt, V, m0, *, qk_buf, hidden, col_minus_row, facto
     bm, (S, Dv), (lo, hi) = Q_i.shape[1] // G, (Kt.shape[2], V.shape[2]), band
     m_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # reference (base 2) per row
     l_i = torch.zeros(BK, bm * G, 1, dtype=Q_i.dtype, device=Q_i.device)  # running sum of exp2(score - m_i)
-    acc_i = torch.empty(BK, bm * G, Dv, dtype=Q_i.dtype, device=Q_i.device)  # running weighted sum of values
-    state = {"started": False, "zero_ref": True}  # acc_i holds values; m_i is still 0 everywhere
+    acc_i = acc_buf[: BK * bm * G * Dv].view(BK, bm * G, Dv)  # running weighted sum of values
+    # acc_i holds values; m_i is still 0 everywhere; no score can leave ±ZERO_REF_RANGE (no row maximum needed)
+    state = {"started": False, "zero_ref": True, "bounded": bounded}
     if counter is not None:
         counter.load("Q", BK * bm * G * D)
     n_start, n_end = key_range(m0, m0 + bm, S, lo, hi)  # key blocks wholly outside the band are skipped
@@ -167,6 +183,10 @@ def _tile_weights(qk, m_old, l_old, state):
     FlashAttention's update with the running maximum; a row that has no weight yet restarts from
     its own maximum (its reference 0 may lie far from its scores).
     """
+    if state["bounded"]:  # Cauchy–Schwarz already keeps every score in range: not even a row maximum
+        p = qk.exp2_()  # (BK,rows,bn), in place
+        l_old.add_(p.sum(-1, keepdim=True))  # (BK,rows,1)
+        return p, None
     r = qk.amax(-1, keepdim=True)  # (BK,rows,1)
     if state["zero_ref"]:
         finite = torch.where(torch.isneginf(r), 0.0, r)  # (BK,rows,1); a nan stays nan and fails the test

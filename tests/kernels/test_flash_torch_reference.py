@@ -1,11 +1,12 @@
 """The tiled torch forward's per-row reference (``attn_lib.flash_torch._tile_weights``).
 
 While every score of a query block lies within ``ZERO_REF_RANGE`` (base 2) of 0 the weights are
-``exp2(score)`` with nothing subtracted; a tile that leaves that range switches the block to
-FlashAttention's running maximum for the rest of its keys. Both regimes, and the switch in the
-middle of a query block (rows that already have weight, rows that have none yet), are checked
-against the float64 reference ``attn_lib.attention`` with the same mask, and the test asserts
-that each regime really occurred.
+``exp2(score)`` with nothing subtracted ("unshifted"; "bounded" when Cauchy–Schwarz on the
+largest q and k norms already guarantees it, so that no row maximum is taken); a tile that
+leaves that range switches the block to FlashAttention's running maximum for the rest of its
+keys ("shifted"). Every regime, and the switch in the middle of a query block (rows that
+already have weight, rows that have none yet), is checked against the float64 reference
+``attn_lib.attention`` with the same mask, and each test asserts that its regime occurred.
 """
 import pytest
 import torch
@@ -22,9 +23,9 @@ def regimes(monkeypatch):
     original = ft._tile_weights
 
     def spy(qk, m_old, l_old, state):
-        before = state["zero_ref"]
+        bounded, before = state["bounded"], state["zero_ref"]
         out = original(qk, m_old, l_old, state)
-        seen.append("unshifted" if before and state["zero_ref"] else "shifted")
+        seen.append("bounded" if bounded else "unshifted" if before and state["zero_ref"] else "shifted")
         return out
 
     monkeypatch.setattr(ft, "_tile_weights", spy)
@@ -63,8 +64,21 @@ def _check(q, k, v, *, is_causal, key_padding_mask=None):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_small_scores_need_no_shift(regimes, is_causal):
+def test_small_norms_need_neither_a_shift_nor_a_row_maximum(regimes, is_causal):
     q, k, v = _inputs(19, 23, 16, big_from=23, factor=1.0)
+    _check(q, k, v, is_causal=is_causal)
+    assert regimes and set(regimes) == {"bounded"}
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_small_scores_of_long_vectors_need_no_shift(regimes, is_causal):
+    # q lives in dims 0..7 and k in dims 8..15: long vectors (the Cauchy–Schwarz bound fails),
+    # small scores (within ±ZERO_REF_RANGE): the row maximum is taken and nothing is shifted.
+    q, k, v = _inputs(19, 23, 16, big_from=23, factor=1.0)
+    q[..., 8:] = 0.0
+    q[..., :8] *= 40.0
+    k[..., :8] *= 0.01
+    k[..., 8:] *= 40.0
     _check(q, k, v, is_causal=is_causal)
     assert regimes and set(regimes) == {"unshifted"}
 
