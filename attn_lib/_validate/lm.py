@@ -20,10 +20,10 @@ def check_token_ids(name: str, ids, vocab_size: int, *, min_length: int = 0) -> 
     """词编号：(B, L) 的整数张量，每个值在 0 .. vocab_size - 1 之间，L >= min_length。"""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (B, L), got {type(ids).__name__}; "
-                        f"convert it with torch.tensor([{name}])")
+                        "e.g. torch.tensor([lm_data.encode_tokens(tokens)])")
     check_rank(name, ids, 2, "(B, L)")
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integers (token ids), got dtype {ids.dtype}; convert with {name}.long()")
+        raise TypeError(f"{name} must hold integers, got dtype {ids.dtype}; convert with {name}.long()")
     if ids.shape[1] < min_length:
         raise ValueError(f"{name} must hold at least {min_length} token(s) per sequence, got shape {tuple(ids.shape)}; "
                          "start the prompt with lm_data.BOS_ID")
