@@ -4,8 +4,8 @@ Chapter 10's sentences (``attn_lib.it_data``: its classes, places, frames, held-
 templates), now read left to right as next-token prediction, with a measure word before each
 object in half of the sentences and a ``<bos>`` token in front::
 
-    <bos> 桌上 有 一杯 水 和 一本 书 ， 它 被 打翻 了 。
-    <bos> 厨房里 放着 报纸 跟 苹果 ， 弟弟 刚 修好 电视 ， 妈妈 把 它 切开 了 。
+    <bos> 桌上 有 一杯 水 和 一本 书，它 被 打翻 了。
+    <bos> 厨房里 放着 报纸 跟 苹果，弟弟 刚 修好 电视，妈妈 把 它 切开 了。
 
 The verb of 「它」's clause fits one of the two listed objects (the one 「它」 refers to, the first or
 the second with equal probability), never the third object of a distractor clause. A model
@@ -116,7 +116,7 @@ def encode_tokens(tokens) -> list[int]:
     unknown = [t for t in tokens if t not in TOKEN_ID]
     if unknown:
         raise ValueError(f"tokens must be words of lm_data.VOCAB, got {unknown[0]!r}; split the text into its words "
-                         "as lm_data.make_split does (e.g. ['<bos>', '桌上', '有', '一杯', '水'])")
+                         "as lm_data.make_split does, e.g. lm_data.make_split('train', 1)[0].tokens")
     return [TOKEN_ID[t] for t in tokens]
 
 

@@ -77,7 +77,7 @@ class Block(nn.Module):
         self.mlp = MLP(d_model, mlp_hidden)
 
     def forward(self, x: torch.Tensor, kv_cache=None, need_weights: bool = False):
-        """x (B, L, C) → (x (B, L, C), 注意力分数 (B, H, L, S) 或 None)。"""
+        """一个块的前向计算：返回新的 x (B, L, C) 和注意力分数 (B, H, L, S)（不要分数时为 None）。"""
         a = self.attn(self.norm1(x), kv_cache=kv_cache, need_weights=need_weights)  # (B,L,C)
         a, scores = a if need_weights else (a, None)  # (B,L,C), (B,H,L,S) or None
         x = x + a  # (B,L,C)
@@ -203,7 +203,7 @@ def baseline_rate(train_sentences, prompts) -> tuple[str, float]:
 
 @torch.no_grad()
 def verb_step_attention(model: TinyLM, prompt) -> torch.Tensor:
-    """写出动词的那一步（提示的最后一个位置）对前面每个词的注意力：(层数, H, L)。
+    """写出动词的那一步（提示的最后一个位置）对前面每个词的注意力，每层每个头一行。
 
     Args:
         model: a ``TinyLM``.

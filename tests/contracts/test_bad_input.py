@@ -564,14 +564,16 @@ def _lm_ids(*tokens):
 
 def _caches_of_two_lengths():
     model, caches = _lm(), [KVCache(), KVCache()]
-    model(_lm_ids("桌上"), caches)
+    with torch.no_grad():
+        model(_lm_ids("桌上"), caches)
     caches[1].reset()
     return lambda: model(_lm_ids(), caches)
 
 
 def _foreign_cache():
     model, other, foreign = _lm(), _lm(), KVCache()
-    other(_lm_ids(), [foreign, KVCache()])
+    with torch.no_grad():
+        other(_lm_ids(), [foreign, KVCache()])
     return lambda: model(_lm_ids(), [foreign, KVCache()])
 
 

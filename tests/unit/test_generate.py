@@ -48,9 +48,10 @@ def test_greedy_with_and_without_the_cache_gives_the_same_tokens(model):
 
 def test_cached_steps_give_the_logits_of_a_full_forward(model):
     out = generate(model, _prompt(), 6)  # (1,L+6)
-    caches = [KVCache() for _ in model.blocks]
-    L = len(PROMPT)
-    steps = [model(out[:, :L], caches)[:, -1]] + [model(out[:, t - 1:t], caches)[:, -1] for t in range(L + 1, L + 6)]
+    caches, L = [KVCache() for _ in model.blocks], len(PROMPT)
+    with torch.no_grad():  # decoding is inference
+        steps = [model(out[:, :L], caches)[:, -1]] + [model(out[:, t - 1:t], caches)[:, -1]
+                                                      for t in range(L + 1, L + 6)]
     full = model(out[:, :-1])[:, L - 1:]  # (1,6,V): the logits that chose each new token
     assert_close(torch.stack(steps, dim=1), full, dtype="float64")
     assert torch.equal(torch.stack(steps, dim=1).argmax(-1), out[:, L:])

@@ -140,7 +140,8 @@ def test_chunks_with_caches_equal_one_forward():
     ids = _ids(2, 12, seed=2)
     full = model(ids)  # (B,L,V)
     caches = [KVCache() for _ in model.blocks]
-    parts = [model(ids[:, a:b], caches) for a, b in ((0, 5), (5, 6), (6, 7), (7, 12))]
+    with torch.no_grad():  # decoding is inference (the decode steps refuse inputs that need gradients)
+        parts = [model(ids[:, a:b], caches) for a, b in ((0, 5), (5, 6), (6, 7), (7, 12))]
     assert_close(torch.cat(parts, dim=1), full, dtype="float64")
     assert [c.seen for c in caches] == [12, 12]
     assert caches[0].keys.shape == (2, 2, 12, 8)  # the H_kv = 2 shared heads of D = 8
@@ -148,12 +149,12 @@ def test_chunks_with_caches_equal_one_forward():
 
 def test_a_bad_cache_leaves_every_cache_as_it_was():
     model, other = tiny_lm.build_lm(seed=0), tiny_lm.build_lm(seed=0)
-    caches = [KVCache(), KVCache()]
-    model(_ids(1, 3), caches)
-    foreign = KVCache()
-    other(_ids(1, 2), [foreign, KVCache()])  # foreign now serves a layer of another model
-    with pytest.raises(ValueError, match="kv_cache already serves another layer"):
-        model(_ids(1, 1), [caches[0], foreign])
+    caches, foreign = [KVCache(), KVCache()], KVCache()
+    with torch.no_grad():
+        model(_ids(1, 3), caches)
+        other(_ids(1, 2), [foreign, KVCache()])  # foreign now serves a layer of another model
+        with pytest.raises(ValueError, match="kv_cache already serves another layer"):
+            model(_ids(1, 1), [caches[0], foreign])
     assert [c.seen for c in caches] == [3, 3]  # block 0's cache did not grow before block 1 refused
 
 
