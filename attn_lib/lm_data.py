@@ -173,6 +173,21 @@ def completion_prompts(split: str = "test", n: int = 500, *, seed: int = 0) -> l
     return out
 
 
+PROMPT_ROLES = ("object", "measure_word", "distractor", "it", "bei", "rest")
+
+
+def prompt_roles(prompt: Prompt) -> list[str]:
+    """给提示里每个词标上角色：列出的物体、它们的量词、干扰句的动词 / 量词 / 物体、「它」、「被」、其余。"""
+    roles = ["rest"] * len(prompt.tokens)
+    listed = prompt.tokens.index("，")  # the two objects are listed before the first comma
+    for i, t in enumerate(prompt.tokens):
+        if t in it_data.CLASS_OF or t in it_data.VERB_CLASS or t in MEASURE_WORDS.values():
+            kind = "object" if t in it_data.CLASS_OF else "measure_word"
+            roles[i] = kind if i < listed else "distractor"  # a verb only occurs in the distractor clause
+    roles[-2:] = ["it", "bei"]
+    return roles
+
+
 def fits(verb: str, objects) -> bool:
     """动词能不能用在这些物体中的某一个上（「打翻」配液体、「读完」配读物……）。"""
     for o in objects:
@@ -196,4 +211,5 @@ def bigram_after(sentences, token: str = "被") -> str:
 
 
 __all__ = ["MEASURE_WORDS", "PAD", "BOS", "PAD_ID", "BOS_ID", "VERBS", "VOCAB", "TOKEN_ID", "Sentence", "Prompt",
-           "make_split", "encode_tokens", "decode", "encode", "completion_prompts", "fits", "bigram_after"]
+           "make_split", "encode_tokens", "decode", "encode", "completion_prompts", "PROMPT_ROLES", "prompt_roles", "fits",
+           "bigram_after"]

@@ -219,6 +219,25 @@ def verb_step_attention(model: TinyLM, prompt) -> torch.Tensor:
     return torch.stack([s[0, :, -1] for s in scores]).double()  # num_layers x (H,L) -> (layers,H,L)
 
 
+def verb_step_attention_by_role(model: TinyLM, prompts) -> torch.Tensor:
+    """写动词那一步的注意力按词的角色汇总：(层数, H, 角色数)，角色见 ``lm_data.PROMPT_ROLES``。
+
+    For each prompt, the weight each head of each block gives to the tokens of each role
+    (``lm_data.prompt_roles``: the two listed objects, their measure words, the distractor
+    clause, 它, 被, the rest), summed over the tokens of that role and averaged over the
+    prompts; every (layer, head) row sums to 1.
+    """
+    check_prompts(prompts)
+    total = None
+    for p in prompts:
+        w = verb_step_attention(model, p)  # (layers,H,L)
+        by_role = torch.zeros(*w.shape[:2], len(lm_data.PROMPT_ROLES), dtype=torch.float64)  # (layers,H,R)
+        for j, role in enumerate(lm_data.prompt_roles(p)):
+            by_role[..., lm_data.PROMPT_ROLES.index(role)] += w[..., j]  # (layers,H)
+        total = by_role if total is None else total + by_role
+    return total / len(prompts)
+
+
 def run_lm_experiment(*, seed: int = 0, n_train: int = 3000, n_prompts: int = 500, steps: int = 300) -> dict:
     """第 13 章的实验：造语料、按种子建模型、训练，返回模型、语料、留出的提示、损失、续写正确率和基线。"""
     train = lm_data.make_split("train", n_train, seed=seed)
@@ -231,4 +250,4 @@ def run_lm_experiment(*, seed: int = 0, n_train: int = 3000, n_prompts: int = 50
 
 
 __all__ = ["RMSNorm", "MLP", "Block", "TinyLM", "build_lm", "train_lm", "complete_verbs", "completion_rate",
-           "baseline_rate", "verb_step_attention", "run_lm_experiment"]
+           "baseline_rate", "verb_step_attention", "verb_step_attention_by_role", "run_lm_experiment"]

@@ -79,6 +79,21 @@ def test_prompts_are_held_out_sentence_starts():
     assert lm_data.completion_prompts("test", 10) == prompts[:10]
 
 
+def test_prompt_roles_mark_the_objects_the_distractor_and_the_last_two_tokens():
+    for p in lm_data.completion_prompts("test", 200):
+        roles = lm_data.prompt_roles(p)
+        assert len(roles) == len(p.tokens) and roles[-2:] == ["it", "bei"]
+        assert tuple(t for t, r in zip(p.tokens, roles) if r == "object") == p.objects
+        measure = [t for t, r in zip(p.tokens, roles) if r == "measure_word"]
+        assert measure in ([], [lm_data.MEASURE_WORDS[o] for o in p.objects])
+        distractor = [t for t, r in zip(p.tokens, roles) if r == "distractor"]
+        assert len(distractor) == (2 + bool(measure) if p.distractor else 0)
+        if p.distractor:  # its verb fits its own object, not the listed ones
+            verb, obj = distractor[0], distractor[-1]
+            assert lm_data.fits(verb, [obj]) and not lm_data.fits(verb, p.objects)
+        assert set(roles) <= set(lm_data.PROMPT_ROLES)
+
+
 def test_encode_decode_and_fits():
     tokens = ["<bos>", "桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
     ids = lm_data.encode_tokens(tokens)
@@ -218,3 +233,16 @@ def test_training_and_generation_are_identical_over_reruns_and_thread_counts():
         assert (started_with, during) == (str(threads), "1")
         runs.append(digest)
     assert runs[0] == runs[1]  # bit-identical losses, weights and tokens
+
+
+def test_attention_by_role_sums_the_verb_step_by_role(experiment):
+    model, prompts = experiment["model"], experiment["prompts"][:60]
+    by_role = tiny_lm.verb_step_attention_by_role(model, prompts)
+    assert by_role.shape == (2, 4, len(lm_data.PROMPT_ROLES))
+    assert_close(by_role.sum(-1), torch.ones(2, 4, dtype=torch.float64), dtype="float64")
+    one = tiny_lm.verb_step_attention_by_role(model, prompts[:1])
+    w, roles = tiny_lm.verb_step_attention(model, prompts[0]), lm_data.prompt_roles(prompts[0])
+    objects = [j for j, r in enumerate(roles) if r == "object"]
+    assert_close(one[..., lm_data.PROMPT_ROLES.index("object")], w[..., objects].sum(-1), dtype="float64")
+    # the trained model: a head of the last block that writes the verb looks mostly at the two objects
+    assert by_role[-1, :, lm_data.PROMPT_ROLES.index("object")].max() > 0.5
