@@ -220,12 +220,12 @@ def verb_step_attention(model: TinyLM, prompt) -> torch.Tensor:
 
 
 def verb_step_attention_by_role(model: TinyLM, prompts) -> torch.Tensor:
-    """写动词那一步的注意力按词的角色汇总：(层数, H, 角色数)，角色见 ``lm_data.PROMPT_ROLES``。
+    """写动词那一步的注意力按词的角色汇总，每层每个头一行、每种角色一列（角色见 ``lm_data.PROMPT_ROLES``）。
 
     For each prompt, the weight each head of each block gives to the tokens of each role
     (``lm_data.prompt_roles``: the two listed objects, their measure words, the distractor
     clause, 它, 被, the rest), summed over the tokens of that role and averaged over the
-    prompts; every (layer, head) row sums to 1.
+    prompts: a float64 (num_layers, H, len(PROMPT_ROLES)) tensor whose rows sum to 1.
     """
     check_prompts(prompts)
     total = None
