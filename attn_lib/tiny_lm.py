@@ -165,7 +165,8 @@ def train_lm(model: TinyLM, data: dict, *, steps: int = 300, batch_size: int = 6
         idx = torch.randint(0, N, (batch_size,), generator=g)  # (batch,)
         ids = data["ids"][idx, : int(data["lengths"][idx].max())]  # (batch,L)
         logits = model(ids[:, :-1])  # (batch,L-1) -> (batch,L-1,V)
-        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), ignore_index=lm_data.PAD_ID)
+        targets = ids[:, 1:].flatten()  # (batch,L-1) -> (batch·(L-1),): the next token at every position
+        loss = F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=lm_data.PAD_ID)  # (batch·(L-1),V)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -204,8 +204,9 @@ def test_verb_step_attention_is_the_last_row_of_the_scores(experiment):
 
 
 # Trains chapter 13's model for a few steps with one thread (set by the caller, as the chapter
-# does), generates greedily and with seeded sampling, prints a digest; run in fresh processes
-# started with 1 and with 2 threads (two runs: also a rerun).
+# does), generates greedily and with seeded sampling, prints a digest, then generates again with
+# the threads the process started with; run in fresh processes started with 1 and with 2 threads
+# (two runs: also a rerun).
 _TRAIN_AND_GENERATE = r"""
 import hashlib, torch
 from attn_lib import generate, lm_data, tiny_lm
@@ -214,12 +215,16 @@ torch.set_num_threads(1)
 model = tiny_lm.build_lm(seed=0)
 losses = tiny_lm.train_lm(model, lm_data.encode(lm_data.make_split("train", 3000)), steps=20)
 prompt = torch.tensor(lm_data.encode_tokens(lm_data.completion_prompts("test", 1)[0].tokens))
-g = torch.Generator().manual_seed(5)
-out = [generate(model, prompt, 6).tolist(), generate(model, prompt, 6, temperature=1.0, generator=g).tolist()]
+def tokens():
+    g = torch.Generator().manual_seed(5)
+    return [generate(model, prompt, 6).tolist(), generate(model, prompt, 6, temperature=1.0, generator=g).tolist()]
+out = tokens()
 h = hashlib.sha256(repr((losses, out)).encode())
 for p in model.parameters():
     h.update(p.detach().numpy().tobytes())
-print(started_with, torch.get_num_threads(), h.hexdigest())
+during = torch.get_num_threads()
+torch.set_num_threads(started_with)
+print(started_with, during, h.hexdigest(), tokens() == out)  # the tokens also with the process's threads
 """
 
 
@@ -229,8 +234,8 @@ def test_training_and_generation_are_identical_over_reruns_and_thread_counts():
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         r = subprocess.run([sys.executable, "-c", _TRAIN_AND_GENERATE], env=env, capture_output=True, text=True,
                            timeout=600, check=True)
-        started_with, during, digest = r.stdout.split()
-        assert (started_with, during) == (str(threads), "1")
+        started_with, during, digest, same_tokens = r.stdout.split()
+        assert (started_with, during, same_tokens) == (str(threads), "1", "True")
         runs.append(digest)
     assert runs[0] == runs[1]  # bit-identical losses, weights and tokens
 
