@@ -200,9 +200,10 @@ def bigram_after(sentences, token: str = "被") -> str:
     """只看前一个词的基线：训练句子里紧跟在 token 后面出现最多的词（并列时取词表里靠前的）。
 
     A bigram model predicts the next token from the previous one only: after 被 its greedy
-    choice is this one word whatever the objects are. Every verb follows 被 equally often in
-    expectation, so this is also the most frequent verb after 被, the best constant guess a
-    model that ignores the objects can make from the training counts.
+    choice is this one word whatever the objects are. Only verbs follow 被, so it is the most
+    frequent verb after 被 in training, the best single guess the training counts offer to a
+    model that ignores the objects. It fits a prompt when its class is one of the two listed
+    classes: about half of the prompts (2 of the 4 classes are listed, at random).
     """
     counts = Counter(s.tokens[i + 1] for s in sentences for i, t in enumerate(s.tokens[:-1]) if t == token)
     if not counts:
