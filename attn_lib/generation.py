@@ -71,7 +71,8 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, kv_cache: 
     for step in range(max_new_tokens):
         logits = model(new if kv_cache else ids, caches)  # (B,l,V): l = len(new) or the whole length
         if trace is not None:
-            _record(trace, model, step, logits.shape[1], ids.shape[1], ids.shape[0], caches)
+            keys = ids.shape[1] if caches is None else len(caches[0])  # the keys this step attended over
+            _record(trace, model, step, logits.shape[1], keys, ids.shape[0], caches)
         new = _next_token(logits[:, -1], temperature, generator)  # (B,l,V) -> (B,V) -> (B,1)
         ids = torch.cat((ids, new), dim=1)  # (B,t) + (B,1) -> (B,t+1)
     return ids[0] if one else ids  # (B,L+N), or (L+N,)
