@@ -111,6 +111,22 @@ def make_split(split: str, n: int, *, seed: int = 0) -> list[Sentence]:
     return out
 
 
+def tokenize(text: str) -> list[str]:
+    """把一句话切成词表里的词（每次取最长的那个词），如「桌上有一杯水」→ 桌上 有 一杯 水。"""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    longest = max(len(w) for w in VOCAB)
+    words, i = [], 0
+    while i < len(text):
+        word = next((text[i:i + n] for n in range(longest, 0, -1) if text[i:i + n] in TOKEN_ID), None)
+        if word is None or word in (PAD, BOS):
+            raise ValueError(f"text must be made of the words of lm_data.VOCAB, got {text[i:i + 8]!r} at "
+                             f"character {i}; e.g. lm_data.make_split('train', 1)[0].text")
+        words.append(word)
+        i += len(word)
+    return words
+
+
 def encode_tokens(tokens) -> list[int]:
     """把词的列表编成词编号的列表（不在词表里的词报 ValueError）。"""
     unknown = [t for t in tokens if t not in TOKEN_ID]
@@ -212,5 +228,5 @@ def bigram_after(sentences, token: str = "被") -> str:
 
 
 __all__ = ["MEASURE_WORDS", "PAD", "BOS", "PAD_ID", "BOS_ID", "VERBS", "VOCAB", "TOKEN_ID", "Sentence", "Prompt",
-           "make_split", "encode_tokens", "decode", "encode", "completion_prompts", "PROMPT_ROLES", "prompt_roles", "fits",
+           "make_split", "tokenize", "encode_tokens", "decode", "encode", "completion_prompts", "PROMPT_ROLES", "prompt_roles", "fits",
            "bigram_after"]

@@ -647,6 +647,12 @@ ROWS += [
      r"^n must be a positive int, got 0$"),
     ("lm_data.decode: an id beyond the vocabulary", lambda: attn_lib.lm_data.decode([1, 74]), ValueError,
      r"^ids must be token ids in 0\.\.73, got 74$"),
+    ("lm_data.tokenize: a word not in the vocabulary", lambda: attn_lib.lm_data.tokenize("桌上有猫"), ValueError,
+     r"^text must be made of the words of lm_data\.VOCAB, got '猫' at character 3; "
+     r"e\.g\. lm_data\.make_split\('train', 1\)\[0\]\.text$"),
+    ("lm_data.tokenize: the <bos> token spelled out", lambda: attn_lib.lm_data.tokenize("<bos>桌上"), ValueError,
+     r"^text must be made of the words of lm_data\.VOCAB, got '<bos>桌上' at character 0"),
+    ("lm_data.tokenize: not a str", lambda: attn_lib.lm_data.tokenize(["桌上"]), TypeError, r"^text must be a str, got list$"),
     ("lm_data.encode: no sentences", lambda: attn_lib.lm_data.encode([]), ValueError, r"^sentences is empty$"),
     ("lm_data.fits: not an object", lambda: attn_lib.lm_data.fits("打翻", ("水", "桌上")), ValueError,
      r"^objects must be objects of it_data\.OBJECTS, got '桌上'$"),

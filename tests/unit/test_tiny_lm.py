@@ -94,6 +94,13 @@ def test_prompt_roles_mark_the_objects_the_distractor_and_the_last_two_tokens():
         assert set(roles) <= set(lm_data.PROMPT_ROLES)
 
 
+def test_tokenize_splits_every_sentence_into_its_words():
+    for s in lm_data.make_split("train", 1000) + lm_data.make_split("test", 300):
+        assert lm_data.tokenize(s.text) == list(s.tokens[1:])
+    assert lm_data.tokenize("桌上有一杯水和一本书，它被") == ["桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
+    assert lm_data.tokenize("") == []
+
+
 def test_encode_decode_and_fits():
     tokens = ["<bos>", "桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
     ids = lm_data.encode_tokens(tokens)
