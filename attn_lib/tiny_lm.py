@@ -122,7 +122,7 @@ class TinyLM(nn.Module):
         check_token_ids("ids", ids, self.vocab_size)
         check_kv_caches(kv_caches, len(self.blocks))
         check_caches_fit(self, ids, kv_caches)  # all of them before any block appends
-        x = self.embed(ids)  # (B,L) -> (B,L,C)
+        x = self.embed(ids.long())  # (B,L) -> (B,L,C)
         scores = []
         for i, block in enumerate(self.blocks):
             x, s = block(x, None if kv_caches is None else kv_caches[i], need_weights)  # (B,L,C)

@@ -139,6 +139,7 @@ def test_shapes_and_parts():
         assert_close(s.sum(-1), torch.ones(3, 4, 9, dtype=torch.float64), dtype="float64")
         assert (s.triu(1) == 0).all()  # causal: no weight on a later token
     assert_close(model(ids), logits, dtype="float64")
+    assert torch.equal(model(ids.to(torch.int16)), model(ids))  # any integer dtype of token ids
     attn = model.blocks[0].attn
     assert attn.is_causal and attn.rotary and attn.num_kv_heads == 2
     x = torch.randn(2, 3, 32, dtype=torch.float64)
