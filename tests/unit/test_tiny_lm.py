@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 import torch
 
-from attn_lib import KVCache, it_data, lm_data, tiny_lm
+from attn_lib import KVCache, generate, it_data, lm_data, tiny_lm
 from attn_lib.tolerances import assert_close
 
 
@@ -196,6 +196,8 @@ def test_completion_rate_beats_the_baseline_on_held_out_prompts(experiment):
     verbs = tiny_lm.complete_verbs(experiment["model"], prompts)
     assert set(verbs) <= set(lm_data.VERBS)  # after 被 the model writes a verb
     assert rate == sum(lm_data.fits(v, p.objects) for v, p in zip(verbs, prompts)) / len(prompts)
+    for p, v in zip(prompts[:20], verbs):  # the batched completion is generate's first token, prompt by prompt
+        assert lm_data.decode(generate(experiment["model"], torch.tensor(lm_data.encode_tokens(p.tokens)), 1))[-1] == v
     for distractor in (False, True):  # also when a third object with a fitting verb comes in between
         assert tiny_lm.completion_rate(experiment["model"], [p for p in prompts if p.distractor == distractor]) > 0.85
 
