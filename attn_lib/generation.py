@@ -59,9 +59,7 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, kv_cache: 
         (B, L + max_new_tokens) token ids (or (L + max_new_tokens,) for a 1-D prompt): the
         prompt, then the new tokens.
     """
-    max_new_tokens, temperature = check_generate_args(model, max_new_tokens, kv_cache, temperature, generator)
-    if trace is not None and not isinstance(trace, list):
-        raise TypeError(f"trace must be a list or None, got {type(trace).__name__}; e.g. trace=[]")
+    max_new_tokens, temperature = check_generate_args(model, max_new_tokens, kv_cache, temperature, generator, trace)
     one = isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1
     ids = prompt_ids[None] if one else prompt_ids  # (L,) -> (1,L)
     check_token_ids("prompt_ids", ids, model.vocab_size, min_length=1)

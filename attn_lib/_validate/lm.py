@@ -72,8 +72,8 @@ def check_prompts(prompts) -> None:
                             "use lm_data.completion_prompts()")
 
 
-def check_generate_args(model, max_new_tokens, kv_cache, temperature, generator) -> tuple[int, float]:
-    """generate 的参数：模型是 TinyLM，max_new_tokens >= 0，kv_cache 是开关，temperature >= 0 有限，generator 是 torch.Generator 或 None。"""
+def check_generate_args(model, max_new_tokens, kv_cache, temperature, generator, trace=None) -> tuple[int, float]:
+    """generate 的参数：模型是 TinyLM，max_new_tokens >= 0，kv_cache 是开关，temperature >= 0 有限，generator 是 torch.Generator 或 None，trace 是列表或 None。"""
     from ..tiny_lm import TinyLM
 
     if not isinstance(model, TinyLM):
@@ -89,6 +89,8 @@ def check_generate_args(model, max_new_tokens, kv_cache, temperature, generator)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}; "
                         "e.g. generator=torch.Generator().manual_seed(0)")
+    if trace is not None and not isinstance(trace, list):
+        raise TypeError(f"trace must be a list or None, got {type(trace).__name__}; e.g. trace=[]")
     return max_new_tokens, float(temperature)
 
 
