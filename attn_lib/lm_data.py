@@ -136,6 +136,11 @@ def encode_tokens(tokens) -> list[int]:
     return [TOKEN_ID[t] for t in tokens]
 
 
+def encode_text(text: str) -> torch.Tensor:
+    """把一句话编成模型的输入：前面加 <bos>，切词，返回 (L,) 的 int64 词编号（可直接交给 ``generate``）。"""
+    return torch.tensor(encode_tokens([BOS, *tokenize(text)]))  # (L,)
+
+
 def decode(ids) -> list[str]:
     """把词编号（列表或一维整数张量）译回词的列表。"""
     values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
@@ -228,5 +233,5 @@ def bigram_after(sentences, token: str = "被") -> str:
 
 
 __all__ = ["MEASURE_WORDS", "PAD", "BOS", "PAD_ID", "BOS_ID", "VERBS", "VOCAB", "TOKEN_ID", "Sentence", "Prompt",
-           "make_split", "tokenize", "encode_tokens", "decode", "encode", "completion_prompts", "PROMPT_ROLES", "prompt_roles", "fits",
+           "make_split", "tokenize", "encode_tokens", "encode_text", "decode", "encode", "completion_prompts", "PROMPT_ROLES", "prompt_roles", "fits",
            "bigram_after"]

@@ -653,6 +653,8 @@ ROWS += [
     ("lm_data.tokenize: the <bos> token spelled out", lambda: attn_lib.lm_data.tokenize("<bos>桌上"), ValueError,
      r"^text must be made of the words of lm_data\.VOCAB, got '<bos>桌上' at character 0"),
     ("lm_data.tokenize: not a str", lambda: attn_lib.lm_data.tokenize(["桌上"]), TypeError, r"^text must be a str, got list$"),
+    ("lm_data.encode_text: a word not in the vocabulary", lambda: attn_lib.lm_data.encode_text("桌上有狗"), ValueError,
+     r"^text must be made of the words of lm_data\.VOCAB, got '狗' at character 3"),
     ("lm_data.encode: no sentences", lambda: attn_lib.lm_data.encode([]), ValueError, r"^sentences is empty$"),
     ("lm_data.fits: not an object", lambda: attn_lib.lm_data.fits("打翻", ("水", "桌上")), ValueError,
      r"^objects must be objects of it_data\.OBJECTS, got '桌上'$"),

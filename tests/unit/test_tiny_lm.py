@@ -99,6 +99,8 @@ def test_tokenize_splits_every_sentence_into_its_words():
         assert lm_data.tokenize(s.text) == list(s.tokens[1:])
     assert lm_data.tokenize("桌上有一杯水和一本书，它被") == ["桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
     assert lm_data.tokenize("") == []
+    ids = lm_data.encode_text("桌上有一杯水和一本书，它被")
+    assert ids.dtype == torch.int64 and lm_data.decode(ids) == ["<bos>", *lm_data.tokenize("桌上有一杯水和一本书，它被")]
 
 
 def test_encode_decode_and_fits():
