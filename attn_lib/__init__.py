@@ -14,11 +14,12 @@ TORCH_MIN = "2.5"  # what the book prints needs it (see pyproject.toml's depende
 if tuple(int(p) for p in _re.findall(r"\d+", _torch.__version__)[:2]) < tuple(int(p) for p in TORCH_MIN.split(".")):
     raise ImportError(f"torch must be version {TORCH_MIN} or newer for attn_lib, got {_torch.__version__}; "
                       f"run pip install -U \"torch>={TORCH_MIN}\" and restart the kernel")
-from . import io_model, it_data, numpy_ref, tiny_model, worked_example
+from . import io_model, it_data, lm_data, numpy_ref, tiny_lm, tiny_model, worked_example
 from ._dispatch import BACKENDS
 from .device import cuda_available, default_device, try_gpu
 from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
 from .flash_torch import flash_attention_torch
+from .generation import generate
 from .flash_torch_backward import flash_attention_torch_backward
 from .naive import naive_attention
 from .kv_cache import KVCache
@@ -98,4 +99,8 @@ __all__ = [
     "KVCache",
     "it_data",
     "tiny_model",
+    # 第 13 章 一个会写字的小模型：语料、小语言模型、带 KV 缓存的逐字生成
+    "lm_data",
+    "tiny_lm",
+    "generate",
 ]
