@@ -79,7 +79,12 @@ def choose_num_splits(batch_heads: int, S: int, *, workers: int | None = None, b
     """
     batch_heads, S = check_int("batch_heads", batch_heads, 0), check_int("S", S, 0)
     workers = torch.get_num_threads() if workers is None else check_int("workers", workers)
-    block_n, min_blocks = check_int("block_n", block_n), check_int("min_blocks", min_blocks)
+    return _num_splits(batch_heads, S, workers, check_int("block_n", block_n), check_int("min_blocks", min_blocks))
+
+
+def _num_splits(batch_heads: int, S: int, workers: int, block_n: int = DECODE_BLOCK_N,
+                min_blocks: int = MIN_BLOCKS_PER_SPLIT) -> int:
+    """choose_num_splits without checks (the rule is in its docstring)."""
     n_blocks = -(-S // block_n)
     if n_blocks <= 1 or batch_heads == 0:
         return 1
@@ -192,6 +197,9 @@ def _raise_if_overflowed(lse, seqlens, L: int, S: int, dtype) -> None:
 
 def _triton_decode():
     """The Triton decode kernels (attn_lib._triton_decode, imported lazily, after the Triton mode is fixed)."""
+    from .device import triton_interprets
+
+    triton_interprets()  # decided once per process, before Triton is imported
     return importlib.import_module("attn_lib._triton_decode")
 
 
@@ -208,7 +216,7 @@ def _decode_unchecked(q, k, v, *, seqlens, num_splits, scale: float, backend: st
     """
     (B, H, L, D), (Hkv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
     if num_splits is None:
-        num_splits = choose_num_splits(B * Hkv, S, workers=device_workers(q.device))
+        num_splits = _num_splits(B * Hkv, S, device_workers(q.device))
     if q.numel() == 0 or S == 0 or Dv == 0:
         return q.new_zeros(B, H, L, Dv)  # (B,H,L,Dv): no query, or no key to see
     if backend == "triton":
