@@ -133,7 +133,7 @@ def _merge(outs, lses):
 
 
 def _split_partials(q, k, v, seqlens, bounds, scale: float):
-    """每段的部分结果（无检查）：返回未归一化的 (acc (P,B·H_kv,G·L,Dv), m (P,B·H_kv,G·L,1), total (同 m))，工作精度。
+    """每段的部分结果（无检查）：未归一化的 acc (P,B·H_kv,G·L,Dv)、行最大值 m 与指数和 total（都是 (P,B·H_kv,G·L,1)），工作精度。
 
     Per split: one product for the scores (the scale applied by ``baddbmm``), the row max, the
     exponentials in place, their sum, one product with the values, written straight into the
