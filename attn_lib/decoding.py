@@ -18,8 +18,10 @@ Query head h uses key/value head h // (H / H_kv) (SDPA's ``enable_gqa``).
 
 The torch path (any device, float64-capable) computes each split in the grouped layout: q is
 viewed as (B, H_kv, G·L, D), G = H / H_kv, so one product per split serves a whole group and K
-and V are never repeated (SDPA's ``enable_gqa`` on a CPU repeats them: that copy, not the
-arithmetic, is what a decode step then pays for). The scores of one split are a single tile of
+and V are never repeated: one pass over each key/value head, G·L query rows per product. (SDPA's
+CPU kernel with ``enable_gqa`` works head by head: each of the H query heads makes its own pass
+over its key/value head, one query row per product when L = 1; ``bench/decode.py`` times both,
+and the same split path on K, V repeated to H heads.) The scores of one split are a single tile of
 B·H·L rows: G·L / D of the size of the cache slice it reads, so no inner loop over key blocks
 is needed here (the Triton split kernel, ``attn_lib._triton_decode``, loops over blocks inside
 its split). The merge runs in float32 for float16 / bfloat16 inputs (float64 stays float64).

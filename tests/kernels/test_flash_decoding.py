@@ -100,6 +100,16 @@ def test_no_cache_seqlens_means_every_key_and_auto_is_torch_on_cpu():
     assert_close(full, one_pass, dtype="float64", what="splits 2 vs 1")
 
 
+def test_a_cache_in_another_memory_layout():
+    """flash-attn's cache layout (B, S_max, H_kv, D), seen as (B, H_kv, S_max, D): strided, read as it is."""
+    q, k, v = _inputs(2, 6, 2, 3, 300, seed=9)
+    ks, vs = k.transpose(1, 2).contiguous().transpose(1, 2), v.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not ks.is_contiguous()
+    lengths = [300, 129]
+    out = flash_decoding(q, ks, vs, cache_seqlens=torch.tensor(lengths), num_splits=3, enable_gqa=True)
+    assert_close(out, _answer_key(q, k, v, lengths))
+
+
 def test_float32_and_a_scale():
     q, k, v = _inputs(2, 6, 3, 2, 1000, seed=2, dtype=torch.float32)
     out = flash_decoding(q, k, v, cache_seqlens=torch.tensor([1000, 513]), num_splits=3, enable_gqa=True,
