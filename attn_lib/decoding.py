@@ -152,15 +152,18 @@ def _split_partials(q, k, v, seqlens, bounds, scale: float):
         n = seqlens.to(device=dev, dtype=torch.long)  # (B,)
         n_min, n_max = (int(x) for x in torch.stack([n.min(), n.max()]).tolist())  # one host sync
         last = (n[:, None] - L + torch.arange(L, device=dev)).repeat_interleave(Hkv, 0).view(BK, 1, L, 1)  # (BK,1,L,1)
-    acc = torch.zeros(P, BK, G * L, Dv, dtype=work, device=dev)  # (P,B*H_kv,G*L,Dv) sum_j p_j v_j per split
-    m = torch.full((P, BK, G * L, 1), float("-inf"), dtype=work, device=dev)  # (P,BK,G*L,1) row max per split
-    total = torch.zeros(P, BK, G * L, 1, dtype=work, device=dev)  # (P,BK,G*L,1) sum_j p_j per split
+    acc = torch.empty(P, BK, G * L, Dv, dtype=work, device=dev)  # (P,B*H_kv,G*L,Dv) sum_j p_j v_j per split
+    m = torch.empty(P, BK, G * L, 1, dtype=work, device=dev)  # (P,BK,G*L,1) row max per split
+    total = torch.empty(P, BK, G * L, 1, dtype=work, device=dev)  # (P,BK,G*L,1) sum_j p_j per split
+    every_row_sees = True  # no split has a row that sees none of its keys
     for p, (s0, s1) in enumerate(bounds):
         if s0 >= n_max:  # no query of any entry sees a key here (the last one seen is n_max - 1)
+            acc[p], m[p], total[p], every_row_sees = 0.0, float("-inf"), 0.0, False
             continue
         kc = k[:, :, s0:s1].to(work).reshape(BK, s1 - s0, D)  # (B,H_kv,n,D) -> (BK,n,D), a view when it can be
         s = torch.baddbmm(qg.new_empty(()), qg, kc.transpose(1, 2), beta=0, alpha=scale)  # (BK,G*L,D) @ (BK,D,n) -> (BK,G*L,n)
         masked = s1 - 1 > n_min - L  # some key here lies after the last one some query sees
+        every_row_sees &= not masked
         if masked:
             hide = torch.arange(s0, s1, device=dev) > last  # (n,) vs (BK|1,1,L,1) -> (BK|1,1,L,n)
             s.view(BK, G, L, s1 - s0).masked_fill_(hide, float("-inf"))  # (BK,G,L,n)
@@ -169,16 +172,18 @@ def _split_partials(q, k, v, seqlens, bounds, scale: float):
         e = s.sub_(shift).exp_()  # (BK,G*L,n), in place
         torch.sum(e, -1, keepdim=True, out=total[p])  # (BK,G*L,1)
         torch.bmm(e, v[:, :, s0:s1].to(work).reshape(BK, s1 - s0, Dv), out=acc[p])  # (BK,G*L,n) @ (BK,n,Dv) -> (BK,G*L,Dv)
-    return acc, m, total  # (P,BK,G*L,Dv), (P,BK,G*L,1), (P,BK,G*L,1)
+    return acc, m, total, every_row_sees  # (P,BK,G*L,Dv), (P,BK,G*L,1), (P,BK,G*L,1), bool
 
 
-def _merge_splits(acc, m, total):
+def _merge_splits(acc, m, total, every_row_sees: bool = False):
     """各段未归一化的 (acc, m, total) → 每段的 (o_p, lse_p)，再按 log-sum-exp 规则合并：(out (BK,G·L,Dv), lse (BK,G·L))。
 
     One split needs no merge (its o_p and lse_p are the answer): computed directly, with fewer
     operations. A row that saw no key in a split has m = -inf and total = 0: o_p = 0, lse_p = -inf.
     """
-    o = acc / torch.where(total > 0, total, torch.ones_like(total))  # (P,BK,G*L,Dv), normalised within the split
+    # total = 0 where a row saw no key of a split: divide by 1 there (acc is 0 there)
+    divisor = total if every_row_sees else torch.where(total > 0, total, torch.ones_like(total))  # (P,BK,G*L,1)
+    o = acc / divisor  # (P,BK,G*L,Dv), normalised within the split
     lse = (m + torch.log(total))[..., 0]  # (P,BK,G*L,1) -> (P,BK,G*L); no key seen: -inf + -inf = -inf
     if acc.shape[0] == 1:
         return o[0], lse[0]  # (BK,G*L,Dv), (BK,G*L)
