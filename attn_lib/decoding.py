@@ -23,13 +23,12 @@ CPU kernel with ``enable_gqa`` works head by head: each of the H query heads mak
 over its key/value head, one query row per product when L = 1; ``bench/decode.py`` times both,
 and the same split path on K, V repeated to H heads.) The scores of one split are a single tile of
 B·H·L rows: G·L / D of the size of the cache slice it reads, so no inner loop over key blocks
-is needed here (the Triton split kernel, ``attn_lib._triton_decode``, loops over blocks inside
-its split). The merge runs in float32 for float16 / bfloat16 inputs (float64 stays float64).
+is needed here (a GPU kernel, with its small on-chip memory, loops over key blocks inside its
+split: ``attn_lib._triton_decode``). The merge runs in float32 for float16 / bfloat16 inputs (float64 stays float64).
 """
 from __future__ import annotations
 
 import importlib
-import math
 
 import torch
 

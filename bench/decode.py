@@ -15,8 +15,9 @@ Implementations (every one computes the same output; tests/unit/test_bench_decod
 - ``decode_repeat``: K and V first repeated to H heads (``repeat_interleave``, inside the timed
   call), then the same path with H_kv = H: the grouped layout's share of the difference.
 
-Timing: float32; per case one warm-up call, then ``--reps`` timed calls (``time.perf_counter``);
-``--rounds`` rounds in which the implementations alternate (so a slow spell of the machine hits
+Timing: float32; per case one warm-up call, then timed calls (``time.perf_counter``), at least
+``--reps`` and more until ``--min-time`` seconds have passed (a short step gets many calls, so that
+on a busy machine some of them run undisturbed); ``--rounds`` rounds in which the implementations alternate (so a slow spell of the machine hits
 every side), the time is the minimum over every timed call of every round. ``--checks none``
 (default) calls attn_lib's unchecked core (``attn_lib.decoding._decode_unchecked``: no input scan,
 no overflow sync), as SDPA checks nothing; ``--checks door`` calls the public ``flash_decoding``,
@@ -59,6 +60,8 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=None, help=f"D = Dv (default {SHAPE[2]})")
     p.add_argument("--queries", type=int, default=1, help="L, the new queries of the step (default 1)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per case and round (after one warm-up)")
+    p.add_argument("--min-time", type=float, default=0.5,
+                   help="seconds per case and round: timed calls go on until then (at least --reps; --quick 0)")
     p.add_argument("--rounds", type=int, default=None, help="rounds, the sides alternating (default 3, --quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=None, help="default: all")
@@ -72,7 +75,7 @@ def parse_args(argv=None):
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.impls = args.impls or list(IMPLS)
     if args.quick:
-        args.reps = min(args.reps, 2)
+        args.reps, args.min_time = min(args.reps, 2), 0.0
     return args
 
 
@@ -102,11 +105,13 @@ def case_fn(impl: str, q, k, v, *, checks: str = "none"):
     return lambda: step(k, v)
 
 
-def time_case(fn, reps: int) -> list:
-    """One warm-up call, then ``reps`` timed calls; returns their times in seconds."""
+def time_case(fn, reps: int, min_time: float = 0.0, max_calls: int = 1000) -> list:
+    """One warm-up call, then at least ``reps`` timed calls, more until ``min_time`` seconds have passed
+    (at most ``max_calls``); returns their times in seconds."""
     fn()
     times = []
-    for _ in range(reps):
+    start = time.perf_counter()
+    while len(times) < reps or (time.perf_counter() - start < min_time and len(times) < max_calls):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -127,7 +132,7 @@ def run_size(S: int, args) -> list:
         for _ in range(args.rounds):
             for impl in args.impls:
                 try:
-                    times = time_case(fns[impl], args.reps)
+                    times = time_case(fns[impl], args.reps, args.min_time)
                     runs[impl].append({"impl": impl, "S": S, "time_s": min(times), "times_s": times,
                                        "peak_extra_mib": 0.0})
                 except (RuntimeError, MemoryError) as e:  # out of memory at the largest S: report, go on
@@ -171,7 +176,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     info = machine()
     what = (f"# decode step: B={args.batch}, H={args.heads}, H_kv={args.kv_heads}, L={args.queries}, "
-            f"D={args.head_dim}, fp32, {args.rounds} rounds x {args.reps} reps")
+            f"D={args.head_dim}, fp32, {args.rounds} rounds x (>= {args.reps} calls, >= {args.min_time:g} s)")
     results = []
     for S in args.sizes:
         for r in run_size(S, args):
@@ -185,7 +190,8 @@ def main(argv=None) -> int:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {"machine": info, "config": what[2:], "checks": CHECKS[args.checks],
-                   "time": "min over reps after one warm-up, over rounds (the sides alternating), seconds",
+                   "time": "min over the timed calls (>= reps, until min_time) after one warm-up, over rounds "
+                           "(the sides alternating), seconds",
                    "command": "python bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                    "results": results}
         out.write_text(json.dumps(payload, indent=1, ensure_ascii=False) + "\n")

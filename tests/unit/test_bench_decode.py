@@ -27,6 +27,7 @@ def test_arguments():
     assert a.impls == ["sdpa_gqa", "decode", "decode_8", "decode_repeat"]
     q = decode.parse_args(["--quick"])
     assert (q.sizes, q.rounds, q.heads, q.kv_heads, q.head_dim) == ([256, 512], 1, 8, 2, 32) and q.reps <= 2
+    assert a.min_time == 0.5 and q.min_time == 0.0
     assert decode.parse_args(["--sizes", "64", "--rounds", "5", "--kv-heads", "1"]).kv_heads == 1
     with pytest.raises(SystemExit):
         decode.parse_args(["--impls", "naive"])
@@ -51,6 +52,16 @@ def test_table_ratios_bandwidth_and_failures():
     assert body[5][2:] == ["failed:", "out", "of", "memory"]
     no_sdpa = decode.format_table([row(64, "decode", 0.001)]).splitlines()[2].split()
     assert no_sdpa[3] == "-"
+
+
+def test_timed_calls_go_on_until_the_minimum_time():
+    calls = []
+    times = decode.time_case(lambda: calls.append(1), reps=3)
+    assert len(times) == 3 and len(calls) == 4  # one warm-up call, then the timed ones
+    times = decode.time_case(lambda: None, reps=2, min_time=0.05, max_calls=50)
+    assert len(times) == 50  # calls of microseconds: the cap ends it before 0.05 s
+    slow = decode.time_case(lambda: __import__("time").sleep(0.01), reps=1, min_time=0.035)
+    assert min(slow) >= 0.01 and sum(slow[:-1]) < 0.035 <= sum(slow) + 0.005  # stopped at the first call past it
 
 
 def _answer_key(q, k, v):
