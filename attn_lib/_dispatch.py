@@ -24,9 +24,9 @@ exactly what was asked (``decode_backend`` says when): a few queries (at most
 ``MAX_DECODE_QUERIES``), no mask, no scores, the queries the last L of the keys (causal, or one
 query), and a window only for one query whose band holds every key (a rolling cache keeps only
 the last ``left`` positions, so after a decode step's append every stored key is in the window).
-The layer's ``"auto"`` / ``"sdpa"`` / ``"torch"`` take its tiled torch path (``"auto"`` on a
-CUDA device: its Triton kernels), ``"triton"`` the Triton decode kernels; ``"reference"`` stays
-the reference.
+The layer's ``"auto"`` / ``"sdpa"`` / ``"torch"`` take its tiled torch path on a CPU; on a CUDA
+device ``"torch"`` takes it, ``"auto"`` the Triton decode kernels and ``"sdpa"`` keeps torch's fused
+kernel; ``"triton"`` takes the Triton decode kernels; ``"reference"`` stays the reference.
 """
 from __future__ import annotations
 
@@ -91,9 +91,10 @@ def decode_backend(q, k, mask, *, is_causal: bool, causal_offset: int, window_si
             return None
     if backend == "triton":
         return "triton" if _triton_decode_ready() else None  # until the kernels exist: the layer's forward kernel
-    if backend == "auto" and q.is_cuda and q.dtype != torch.float64 and max(q.shape[-1], k.shape[-1]) <= 256:
-        return "triton" if _triton_decode_ready() else "torch"
-    return "torch"
+    if q.is_cuda and backend != "torch":  # on a GPU "sdpa" keeps torch's fused kernel; "auto" takes the Triton ones
+        fits = q.dtype != torch.float64 and max(q.shape[-1], k.shape[-1]) <= 256
+        return "triton" if backend == "auto" and fits and _triton_decode_ready() else None
+    return "torch"  # a CPU (any device but CUDA): "auto", "sdpa" and "torch" take the tiled torch decode path
 
 
 def attend(q, k, v, mask, *, is_causal: bool, scale: float, need_weights: bool, backend: str, check_finite: bool,

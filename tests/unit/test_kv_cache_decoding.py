@@ -164,3 +164,30 @@ def test_a_triton_layer_decodes_with_the_triton_kernels_once_they_exist(steps):
         assert_close(decoded, _layer("reference", dtype=torch.float32)(x), dtype=torch.float32)
     # without attn_lib._triton_decode (branch s18-dtr) the layer keeps its Triton forward kernel
     assert steps == ([(4, 4, "triton"), (1, 5, "triton")] if HAS_TRITON_DECODE else [])
+
+
+def test_which_path_a_decode_step_takes_on_each_device():
+    """decode_backend's rule, CUDA included (fake CUDA tensors: only shapes, dtypes and devices are read)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from attn_lib._dispatch import decode_backend
+
+    q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 5, 8)  # one new query, 4 cached keys and its own
+    with FakeTensorMode():
+        gq, gk = torch.empty(1, 4, 1, 8, device="cuda"), torch.empty(1, 2, 5, 8, device="cuda")
+        gq64, gk64 = gq.double(), gk.double()
+
+    def which(q, k, backend, **kw):
+        args = dict(is_causal=True, causal_offset=k.shape[2] - q.shape[2], window_size=(-1, -1), need_weights=False)
+        return decode_backend(q, k, None, backend=backend, **{**args, **kw})
+
+    assert [which(q, k, b) for b in ("auto", "sdpa", "torch", "reference")] == ["torch", "torch", "torch", None]
+    assert which(q, k, "triton") == ("triton" if HAS_TRITON_DECODE else None)
+    assert which(gq, gk, "torch") == "torch" and which(gq, gk, "sdpa") is None  # torch's fused CUDA kernel stays
+    assert which(gq, gk, "auto") == ("triton" if HAS_TRITON_DECODE else None)
+    assert which(gq64, gk64, "auto") is None  # the Triton kernels take no float64
+    assert which(q, k, "auto", causal_offset=0) is None  # the queries are not the last L keys
+    assert which(torch.zeros(1, 4, 17, 8), torch.zeros(1, 2, 17, 8), "auto") is None  # a prefill
+    assert which(q, k, "auto", window_size=(4, 0)) == "torch"  # every stored key inside the window
+    assert which(q, k, "auto", window_size=(3, 0)) is None  # key 0 lies outside it
+    assert which(q, k, "auto", is_causal=False, window_size=(4, 2)) == "torch"
