@@ -246,6 +246,14 @@ def test_triton_kernels_equal_the_reference(L, S, splits):
     assert_close(out, _answer_key(q.float(), k.float(), v.float(), lengths), dtype=torch.float32)
 
 
+@pytest.mark.skipif(not HAS_TRITON_DECODE, reason="attn_lib._triton_decode (branch s18-dtr) is not merged yet")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_triton_overflow_raises_the_one_message():
+    q, k, v = _inputs(2, 4, 2, 1, 40, seed=9, dtype=torch.float32)
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        flash_decoding(q, k, v, cache_seqlens=torch.tensor([40, 0]), enable_gqa=True, scale=3e38, backend="triton")
+
+
 # --- bad input: every check, its exception type and its key words ---------------------------------------------
 
 Q, K = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 5, 4)
