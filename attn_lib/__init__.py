@@ -16,6 +16,7 @@ if tuple(int(p) for p in _re.findall(r"\d+", _torch.__version__)[:2]) < tuple(in
                       f"run pip install -U \"torch>={TORCH_MIN}\" and restart the kernel")
 from . import io_model, it_data, lm_data, numpy_ref, tiny_lm, tiny_model, worked_example
 from ._dispatch import BACKENDS
+from .decoding import flash_decoding, merge_partials
 from .device import cuda_available, default_device, try_gpu
 from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
 from .flash_torch import flash_attention_torch
@@ -99,8 +100,10 @@ __all__ = [
     "KVCache",
     "it_data",
     "tiny_model",
-    # 第 13 章 一个会写字的小模型：语料、小语言模型、带 KV 缓存的逐字生成
+    # 第 13 章 让模型写字：语料、小语言模型、带 KV 缓存的逐字生成、一步解码的 FlashDecoding（键轴切段、log-sum-exp 合并）
     "lm_data",
     "tiny_lm",
     "generate",
+    "flash_decoding",
+    "merge_partials",
 ]
