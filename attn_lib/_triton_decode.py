@@ -43,8 +43,10 @@ from .flash_triton import _attn_fwd_inner
 _LN2 = tl.constexpr(LN2)
 MAX_ROWS = 128  # G·L rows per query block; more rows are cut into row blocks (each reads the K/V of its split)
 MERGE_BLOCK_P = 16  # splits the merge kernel reads at once
-# (BLOCK_N, num_stages) in order of preference; the first that fits shared memory is tried first.
-_DECODE_TILES = [(128, 2), (64, 3), (64, 2), (32, 2), (16, 1)]
+# BLOCK_N in order of preference (flash-attn's split-KV kernel: 128 keys for head dim 128). Compiled for
+# sm_75 / sm_80 / sm_90 without a GPU (bench/gpu.py --compile-only), num_stages did not change this kernel's
+# shared memory, which stayed below _smem_bytes at one stage (sm_80+) and _smem_bytes_pre_sm80 (sm_75).
+_DECODE_BLOCK_N = (128, 64, 32, 16)
 
 
 @triton.jit
@@ -139,7 +141,7 @@ def _decode_merge(OPart, LsePart, Out, stride_or, stride_op, stride_od, stride_l
 
 def decode_configs(rows: int, D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, capability=None,
                    block_m: int | None = None, block_n: int | None = None) -> list:
-    """切分核函数的块大小：BLOCK_M 容下一组的 G·L 行（至少 16，至多 MAX_ROWS），BLOCK_N 按片上内存从大到小试。
+    """切分核函数的块大小：BLOCK_M 容下一组的 G·L 行（至少 16，至多 MAX_ROWS，片上内存不够时减半），BLOCK_N 从大到小试。
 
     Args:
         rows: G·L, the query rows that share one key/value head.
@@ -155,18 +157,23 @@ def decode_configs(rows: int, D: int, Dv: int, dtype: torch.dtype, interpret: bo
     bd, bdv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
     elem = 4 if dtype == torch.float32 else 2
     pre_sm80 = capability is not None and tuple(capability) < (8, 0)
+
+    def fits(bm, bn):
+        if pre_sm80:
+            return _smem_bytes_pre_sm80(dtype, "fwd", bm, bn, bd, bdv) <= SMEM_BUDGET_PRE_SM80
+        return _smem_bytes(elem, bm, bn, 1, bd, bdv) <= SMEM_BUDGET
+
     if interpret:
-        tiles = [(INTERPRET_BLOCK, 1)]
-    elif pre_sm80:
-        tiles = [(bn, 1) for bn, _ in _DECODE_TILES if _smem_bytes_pre_sm80(dtype, "fwd", bm, bn, bd, bdv)
-                 <= SMEM_BUDGET_PRE_SM80]
+        blocks = [INTERPRET_BLOCK]
     else:
-        tiles = [(bn, st) for bn, st in _DECODE_TILES if _smem_bytes(elem, bm, bn, st, bd, bdv) <= SMEM_BUDGET]
-    tiles = tiles or [(16, 1)]
+        while block_m is None and bm > 16 and not fits(bm, 16):  # fewer rows per program (more row blocks)
+            bm //= 2
+        blocks = [bn for bn in _DECODE_BLOCK_N if fits(bm, bn)] or [16]
     if block_n is not None:
-        tiles = [(block_n, tiles[0][1])]
-    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_stages=st,
-                 num_warps=8 if not interpret and bm >= 128 and max(bd, bdv) >= 128 else 4) for bn, st in tiles]
+        blocks = [block_n]
+    stages = 1 if interpret or pre_sm80 else 2
+    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_stages=stages,
+                 num_warps=8 if not interpret and bm >= 128 and max(bd, bdv) >= 128 else 4) for bn in blocks]
 
 
 def _needs_int64(*extents) -> bool:

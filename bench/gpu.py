@@ -750,10 +750,59 @@ def _run_decode(args, argv, torch) -> int:
     return 0
 
 
+
+def decode_signature(arg_names, dtype_name: str, constexprs: dict) -> dict:
+    """解码两个核函数的参数类型：Q、K、V、Out 是输入精度的指针，部分结果是 fp32 指针，Seqlens 是 int32 指针，其余 int32。"""
+    pointers = {"Q": dtype_name, "K": dtype_name, "V": dtype_name, "Out": dtype_name, "OPart": "fp32",
+                "LsePart": "fp32", "Seqlens": "i32"}
+    return {name: "constexpr" if name in constexprs else (f"*{pointers[name]}" if name in pointers else
+                                                            ("fp32" if name == "qk_scale" else "i32"))
+            for name in arg_names}
+
+
+def compile_decode(sm: int, head_dims, dtypes, rows: int = 4) -> int:
+    """Compile the decode kernels for compute capability ``sm`` without a GPU (G·L = ``rows`` query rows per group)."""
+    import importlib
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    dec = importlib.import_module("attn_lib._triton_decode")  # TRITON_INTERPRET=0 was set by __main__
+    numerics = importlib.import_module("attn_lib._numerics")
+    if type(dec._decode_split).__name__ != "JITFunction":
+        print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM --decode",
+              file=sys.stderr)
+        return 2
+    target, cap = GPUTarget("cuda", sm, 32), (sm // 10, sm % 10)
+    print(f"# sm_{sm}: decode kernels, shared memory per program, every configuration of the split kernel")
+    for dtype in dtypes:
+        tdtype, tname = getattr(torch, dtype), {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[dtype]
+        fp32 = numerics.dot_fp32(tdtype, cap, False)
+        for D in head_dims:
+            cfgs = dec.decode_configs(rows, D, D, tdtype, False, capability=cap)
+            builds = [(dec._decode_split, cfg, dict(D=D, DV=D, DOT_FP32=fp32, INT64=False, SPLIT_SCALE=False,
+                                                    INPUT_PRECISION=numerics.dot_input_precision(tdtype, fp32),
+                                                    **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D",
+                                                                           "BLOCK_DV")})) for cfg in cfgs]
+            builds.append((dec._decode_merge, dict(num_warps=4, num_stages=1),
+                           dict(DV=D, BLOCK_P=dec.MERGE_BLOCK_P, BLOCK_DV=cfgs[0]["BLOCK_DV"])))
+            for fn, cfg, consts in builds:
+                src = ASTSource(fn=fn, signature=decode_signature(fn.arg_names, tname, consts),
+                                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+                compiled = triton.compile(src, target=target,
+                                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+                what = "merge" if "BLOCK_P" in consts else f"split BLOCK_M={consts['BLOCK_M']} BLOCK_N={consts['BLOCK_N']}"
+                print(f"  {dtype:>8} D={D:<4} {what}: {compiled.metadata.shared:>6} bytes", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.compile_only is not None:
-        return compile_only(args.compile_only, args.head_dims, args.dtypes)
+        run = compile_decode if args.suite == "decode" else compile_only
+        return run(args.compile_only, args.head_dims, args.dtypes)
     import torch
 
     if not torch.cuda.is_available():
