@@ -84,8 +84,7 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    # This split's keys [lo, hi): whole blocks, none at or past n_b. Keys j <= n_b - L are seen by
-    # every query (no masking work); the rest is masked with j < n_b and j - i <= n_b - L.
+    # Keys [lo, hi) of this split, none >= n_b: [lo, full) every query sees; [full, hi) masked (j - i <= n_b - L).
     lo = split * keys_per_split
     hi = tl.maximum(tl.minimum(lo + keys_per_split, n_b), lo)
     full = tl.minimum(tl.maximum((tl.maximum(n_b - L + 1, 0) // BLOCK_N) * BLOCK_N, lo), hi)
