@@ -640,16 +640,18 @@ def decode_fn(torch, impl: str, q, k, v, seqlens, *, interpret: bool = False):
 
 
 
-def bench_decode_case(torch, impl: str, dtype: str, S: int, peak) -> dict:
-    """One decode step: do_bench median (L2 flushed), the cache read's GB/s and its share of the peak."""
-    from triton.testing import do_bench
+def bench_decode_case(torch, impl: str, dtype: str, S: int, peak, *, shape=DECODE_SHAPE, device="cuda",
+                      timer=None) -> dict:
+    """One decode step: do_bench median (L2 flushed), the cache read's GB/s and its share of the peak.
 
-    B, H, H_kv, L, D = DECODE_SHAPE
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    ``shape`` is (B, H, H_kv, L, D); ``timer(fn) -> ms`` replaces do_bench (the CPU test of this suite).
+    """
+    B, H, H_kv, L, D = shape
+    gen = torch.Generator(device=device).manual_seed(0)
     t = getattr(torch, dtype)
-    q = torch.randn(B, H, L, D, device="cuda", dtype=t, generator=gen)  # (B,H,L,D)
-    k, v = (torch.randn(B, H_kv, S, D, device="cuda", dtype=t, generator=gen) for _ in range(2))  # (B,H_kv,S,D)
-    seqlens = torch.full((B,), S, dtype=torch.int32, device="cuda")  # (B,) every entry uses the whole cache
+    q = torch.randn(B, H, L, D, device=device, dtype=t, generator=gen)  # (B,H,L,D)
+    k, v = (torch.randn(B, H_kv, S, D, device=device, dtype=t, generator=gen) for _ in range(2))  # (B,H_kv,S,D)
+    seqlens = torch.full((B,), S, dtype=torch.int32, device=device)  # (B,) every entry uses the whole cache
     splits = None
     if impl.startswith("split_"):
         splits = auto_splits(B * H_kv, S) if impl == "split_auto" else int(impl.removeprefix("split_"))
@@ -657,8 +659,14 @@ def bench_decode_case(torch, impl: str, dtype: str, S: int, peak) -> dict:
             "splits": splits}
     if impl == "split_auto" and splits is None:
         return {**base, "error": "n/a"}  # attn_lib.decoding.choose_num_splits is not there yet
-    fn = decode_fn(torch, impl if splits is None else f"split_{splits}", q, k, v, seqlens)
-    ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    fn = decode_fn(torch, impl if splits is None else f"split_{splits}", q, k, v, seqlens,
+                   interpret=device != "cuda")
+    if timer is None:
+        from triton.testing import do_bench
+
+        def timer(f):
+            return do_bench(f, warmup=25, rep=100, return_mode="median")
+    ms = timer(fn)
     nbytes = cache_bytes(B, H_kv, S, D, D, q.element_size())
     gbps = nbytes / (ms * 1e-3) / 1e9
     return {**base, "ms": ms, "cache_bytes": nbytes,
@@ -666,28 +674,36 @@ def bench_decode_case(torch, impl: str, dtype: str, S: int, peak) -> dict:
             "peak_fraction": None if peak is None else gbps * 1e9 / peak}
 
 
-def check_decode(torch) -> None:
-    """Before timing: every decode callable agrees with the float64 reference (flash-attn's rule), ragged lengths too."""
+def plain_decode(torch, q, k, v, keep):
+    """The plain formula in q's dtype (flash-attn's naive side): K, V repeated over the group, scores and softmax
+    in that dtype. keep (B, 1, L, S) bool, every row with a visible key."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # (B,H_kv,S,D) -> (B,H,S,D)
+    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B,H,L,S)
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v  # (B,H,L,D)
+
+
+def check_decode(torch, *, device="cuda", dims=(3, 8, 2, 1000, 128)) -> None:
+    """Before timing: the split kernels agree with the float64 reference (flash-attn's rule), ragged lengths too."""
     import attn_lib
-    import torch.nn.functional as F
     from attn_lib.tolerances import assert_flash_rule
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    B, H, H_kv, S, D = 3, 8, 2, 1000, 128
+    gen = torch.Generator(device=device).manual_seed(0)
+    B, H, H_kv, S, D = dims
+    lens = [S, 3, S // 2 + 17][:B]  # every row sees a key
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     for dtype in (torch.float16, torch.bfloat16):
         for L in (1, 3):
-            q = torch.randn(B, H, L, D, device="cuda", generator=gen).to(dtype)  # (B,H,L,D)
-            k, v = (torch.randn(B, H_kv, S, D, device="cuda", generator=gen).to(dtype) for _ in range(2))
-            lens = [S, 3, 517]  # every row sees a key (SDPA gives NaN for a row that sees none)
-            keep = torch.zeros(B, 1, L, S, dtype=torch.bool, device="cuda")  # (B,1,L,S) the decode rule, by hand
+            q = torch.randn(B, H, L, D, device=device, generator=gen).to(dtype)  # (B,H,L,D)
+            k, v = (torch.randn(B, H_kv, S, D, device=device, generator=gen).to(dtype) for _ in range(2))
+            keep = torch.zeros(B, 1, L, S, dtype=torch.bool, device=device)  # (B,1,L,S) the decode rule, by hand
             for b, n in enumerate(lens):
-                keep[b, 0, :, :n] = torch.ones(L, n, dtype=torch.bool, device="cuda").tril(n - L)  # j <= n - L + i
+                keep[b, 0, :, :n] = torch.ones(L, n, dtype=torch.bool, device=device).tril(n - L)  # j <= n - L + i
             ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), mask=keep, enable_gqa=True)
-            sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)  # (B,H,L,D) in dtype
-            seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+            naive = plain_decode(torch, q, k, v, keep)  # (B,H,L,D) in dtype
             for impl in ("split_1", "split_3", "split_8"):
                 out = decode_fn(torch, impl, q, k, v, seqlens)()  # (B,H,L,D)
-                assert_flash_rule(out, sdpa, ref, what=f"{impl} {dtype} L={L}")
+                assert_flash_rule(out, naive, ref, what=f"{impl} {dtype} L={L}")
 
 
 def _decode_rank(impl: str) -> tuple:

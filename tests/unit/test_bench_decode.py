@@ -130,3 +130,31 @@ def test_decode_signature_for_compile_only():
                    "stride_qb": "i32", "H_kv": "i32", "G": "i32", "L": "i32", "qk_scale": "fp32", "D": "constexpr",
                    "BLOCK_M": "constexpr"}
     assert gpu.decode_signature(["Out", "P"], "fp16", {})["Out"] == "*fp16"
+
+
+def test_one_case_of_the_suite_with_a_stand_in_timer(monkeypatch):
+    # bench_decode_case on CPU under the interpreter, a small shape, the timer replaced: 0.5 ms for each call.
+    attn_lib.device.triton_interprets()
+    monkeypatch.setitem(sys.modules, "attn_lib.decoding", types.SimpleNamespace(choose_num_splits=lambda bh, S: 3))
+    kw = dict(shape=(1, 4, 2, 1, 16), device="cpu", timer=lambda fn: fn() is not None and 0.5)
+    r = gpu.bench_decode_case(torch, "split_auto", "float16", 40, 1e12, **kw)
+    nbytes = 2 * (1 * 2 * 40 * 16) * 2  # K and V: (1, 2, 40, 16) fp16 each
+    assert (r["splits"], r["ms"], r["cache_bytes"]) == (3, 0.5, nbytes)
+    assert r["gb_per_s"] == pytest.approx(nbytes / 0.5e-3 / 1e9) and r["peak_fraction"] == pytest.approx(
+        nbytes / 0.5e-3 / 1e12)
+    assert gpu.bench_decode_case(torch, "flash_fwd", "float16", 40, None, **kw)["kv_loads_bytes"] == 2 * nbytes
+    monkeypatch.setitem(sys.modules, "attn_lib.decoding", None)
+    assert gpu.bench_decode_case(torch, "split_auto", "float16", 40, None, **kw)["error"] == "n/a"
+
+
+def test_the_suites_correctness_check_passes_and_catches_a_wrong_kernel(monkeypatch):
+    attn_lib.device.triton_interprets()
+    gpu.check_decode(torch, device="cpu", dims=(3, 4, 2, 40, 16))
+    real = gpu.decode_fn
+
+    def off_by_one(torch, impl, q, k, v, seqlens, **kw):  # a kernel that drops the last key of every entry
+        return real(torch, impl, q, k, v, seqlens - 1, **kw)
+
+    monkeypatch.setattr(gpu, "decode_fn", off_by_one)
+    with pytest.raises(AssertionError, match="split_1 torch.float16 L=1"):
+        gpu.check_decode(torch, device="cpu", dims=(3, 4, 2, 40, 16))
