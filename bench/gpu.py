@@ -613,7 +613,11 @@ def auto_splits(batch_heads: int, S: int):
         from attn_lib.decoding import choose_num_splits
     except ImportError:
         return None
-    return int(choose_num_splits(batch_heads, S))
+    try:
+        return int(choose_num_splits(batch_heads, S))
+    except TypeError as err:  # another signature than choose_num_splits(batch_heads, S): say so, time the rest
+        print(f"split_auto skipped: choose_num_splits({batch_heads}, {S}) failed: {err}", file=sys.stderr)
+        return None
 
 
 def decode_fn(torch, impl: str, q, k, v, seqlens, *, interpret: bool = False):

@@ -75,6 +75,10 @@ def test_auto_splits_is_the_library_choice(monkeypatch):
     assert gpu.auto_splits(8, 16384) == 7 and seen == [(8, 16384)]
     monkeypatch.setitem(sys.modules, "attn_lib.decoding", None)  # the module is missing: no number
     assert gpu.auto_splits(8, 16384) is None
+    other = types.ModuleType("attn_lib.decoding")
+    other.choose_num_splits = lambda batch_heads, S, num_sms: 2  # another signature: no number, a message
+    monkeypatch.setitem(sys.modules, "attn_lib.decoding", other)
+    assert gpu.auto_splits(8, 16384) is None
 
 
 def test_decode_table():
