@@ -100,13 +100,16 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
                                     offs_i, offs_n, offs_d, offs_dv, full, hi, n_b, qk_scale, 0, n_b - L,  #
                                     D, DV, True, False, True, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
                                     BLOCK_N)
-    # Normalise within the split; l_i == 0: no visible key in this split (lse -inf, output 0).
+    # Normalise within the split. l_i == 0: no visible key (lse -inf, output 0), or every visible score
+    # overflowed to -inf (lse and output NaN, as a +inf score gives, so the door's check sees it).
     empty = l_i == 0.0
+    overflowed = empty & (tl.minimum(hi, n_b - L + 1 + offs_i) > lo)  # the row sees a key of this split
     l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)
+    lse = tl.where(empty, tl.where(overflowed, float("nan"), float("-inf")), (m_i + tl.math.log2(l_safe)) * _LN2)
+    o = tl.where(overflowed[:, None], float("nan"), acc / l_safe[:, None])  # (BLOCK_M, BLOCK_DV)
     head_rows = off_hkv * G + offs_g  # (BLOCK_M,) query head of each row
     o_rows = OPart + off_b * stride_ob + head_rows * stride_oh + offs_i * stride_om + split * stride_op
-    tl.store(o_rows[:, None] + offs_dv[None, :] * stride_od, (acc / l_safe[:, None]).to(OPart.dtype.element_ty),
+    tl.store(o_rows[:, None] + offs_dv[None, :] * stride_od, o.to(OPart.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv[None, :] < DV))
     tl.store(LsePart + off_b * stride_lb + head_rows * stride_lh + offs_i * stride_lm + split * stride_lp, lse,
              mask=row_ok)

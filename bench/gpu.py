@@ -35,15 +35,20 @@ Chapter 12, the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
 - ``--gqa``: q (B, 32, N, 128), k, v (B, 8, N, 128), causal: the Triton path with k, v of H_kv
   heads (``triton_gqa``) against ``F.scaled_dot_product_attention(..., is_causal=True,
   enable_gqa=True)`` (``sdpa_gqa``). FLOPs as above with H = the query heads.
+Both call ``attn_lib.flash._flash_unchecked(..., backend="triton", check_overflow=False)``
+(forward under ``torch.no_grad()``, forward+backward through autograd), after a correctness
+check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
+
 Chapter 13, one decode step (FlashDecoding, ``attn_lib/_triton_decode.py``):
 
     .venv/bin/python bench/gpu.py --decode           # fp16 and bf16, S in {1k .. 32k}, splits 1 2 4 8 16 auto
     .venv/bin/python bench/gpu.py --decode --quick   # S in {1k, 16k}
     .venv/bin/python bench/gpu.py --decode --splits 1 4 32 --dtypes bfloat16
+    .venv/bin/python bench/gpu.py --compile-only 90 --decode   # no GPU needed: compile the decode kernels
 
 - q (1, 32, 1, 128), the cache k, v (1, 8, S, 128): the split kernel + merge kernel with each split
-  count (``split_P``; ``split_auto`` is attn_lib.decoding.choose_num_splits(B*H_kv, S)) against no
-  split: chapter 8's forward kernel with ``causal_offset = S - L`` (``flash_fwd``: its grid is
+  count (``split_P``; ``split_auto``: what ``flash_decoding(num_splits=None)`` picks on this GPU)
+  against no split: chapter 8's forward kernel with ``causal_offset = S - L`` (``flash_fwd``: its grid is
   (query blocks, B*H), 32 programs here, each loading the K/V of its query head, G = 4 times the
   cache) and SDPA with ``enable_gqa=True`` (``sdpa_gqa``). Bandwidth: the cache's bytes
   ``B*H_kv*S*(D+Dv)*element bytes`` (``cache_bytes``: what the split kernel's loads request, each
@@ -51,10 +56,6 @@ Chapter 13, one decode step (FlashDecoding, ``attn_lib/_triton_decode.py``):
   the vendor's datasheet figure for known GPUs, cited in the output and in ``PEAK_BANDWIDTH``,
   else 2 x bus width x memory clock from the device properties). Checked against the float64
   reference first. Results: ``bench/results/gpu_decode.json``.
-
-Both call ``attn_lib.flash._flash_unchecked(..., backend="triton", check_overflow=False)``
-(forward under ``torch.no_grad()``, forward+backward through autograd), after a correctness
-check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
 """
 from __future__ import annotations
 
@@ -607,16 +608,24 @@ def peak_bandwidth(name: str, bus_width_bits: int | None = None, memory_clock_kh
     return None, "unknown"
 
 
-def auto_splits(batch_heads: int, S: int):
-    """attn_lib 自己选的切分数（attn_lib.decoding.choose_num_splits）；这个模块还没有时返回 None。"""
+def auto_splits(batch_heads: int, S: int, device="cuda"):
+    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择；attn_lib.decoding 还没有时返回 None。
+
+    That is ``choose_num_splits(batch_heads, S, workers=device_workers(device))`` (workers: the SMs
+    of a GPU), or ``choose_num_splits(batch_heads, S)`` where ``device_workers`` is not there.
+    """
     try:
-        from attn_lib.decoding import choose_num_splits
+        from attn_lib import decoding
     except ImportError:
         return None
+    workers = getattr(decoding, "device_workers", None)
     try:
-        return int(choose_num_splits(batch_heads, S))
-    except TypeError as err:  # another signature than choose_num_splits(batch_heads, S): say so, time the rest
-        print(f"split_auto skipped: choose_num_splits({batch_heads}, {S}) failed: {err}", file=sys.stderr)
+        if workers is None:
+            return int(decoding.choose_num_splits(batch_heads, S))
+        return int(decoding.choose_num_splits(batch_heads, S, workers=workers(device)))
+    except (TypeError, AttributeError) as err:  # another API than this one: say so, time the rest
+        print(f"split_auto skipped: attn_lib.decoding.choose_num_splits({batch_heads}, {S}) failed: {err}",
+              file=sys.stderr)
         return None
 
 
@@ -658,7 +667,7 @@ def bench_decode_case(torch, impl: str, dtype: str, S: int, peak, *, shape=DECOD
     seqlens = torch.full((B,), S, dtype=torch.int32, device=device)  # (B,) every entry uses the whole cache
     splits = None
     if impl.startswith("split_"):
-        splits = auto_splits(B * H_kv, S) if impl == "split_auto" else int(impl.removeprefix("split_"))
+        splits = auto_splits(B * H_kv, S, device) if impl == "split_auto" else int(impl.removeprefix("split_"))
     base = {"suite": "decode", "impl": impl, "dtype": dtype, "S": S, "B": B, "H": H, "H_kv": H_kv, "L": L, "D": D,
             "splits": splits}
     if impl == "split_auto" and splits is None:

@@ -311,3 +311,19 @@ def test_configurations():
     assert dec.decode_configs(512, 128, 128, F16, False, capability=(7, 5))[0]["BLOCK_M"] == 64  # T4: 64 KB
     assert [(c["BLOCK_M"], c["BLOCK_N"]) for c in dec.decode_configs(4, 64, 64, F16, False, block_m=32, block_n=16)
             ] == [(32, 16)]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
+def test_an_overflowed_score_gives_nan_in_its_row():
+    # scale 3e38: the scores overflow float32 to +-inf. A row that sees a key comes out NaN (never a silent number),
+    # so that attn_lib.decoding's overflow check after the kernel reports it; a row that sees no key stays 0.
+    # Entry 1 (one key): row 2 of head 3 has one negative score, -inf after the overflow, and is NaN too.
+    dec = kernels()
+    B, H, H_kv, L, S, seqlens = 2, 4, 2, 3, 40, [40, 1]
+    q, k, v = (t.to(DEVICE, F32) for t in make_case(B, H, H_kv, L, S, seed=9))
+    lens = torch.tensor(seqlens, dtype=torch.int32, device=DEVICE)
+    sees = visible_by_loop(seqlens, L, S).any(-1)[:, 0]  # (B,L)
+    for P in (1, 3):
+        out = dec.decode_attention(q, k, v, lens, P, 3e38, block_n=16).cpu().permute(0, 2, 1, 3)  # (B,L,H,Dv)
+        assert torch.isnan(out[sees]).all() and torch.equal(out[~sees], torch.zeros(int((~sees).sum()), H, DV))
+    assert float(q[1, 3, 2] @ k[1, 1, 0]) < 0  # the row whose only score is -inf
