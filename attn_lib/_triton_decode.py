@@ -21,7 +21,8 @@ A decode step: q (B, H, L, D) with small L, the cache k (B, H_kv, S_max, D), v (
   out = sum_p w_p o_p / sum_p w_p (zeros where every split is empty), in q's dtype.
 - One split (``num_splits=1``) skips the merge: the split kernel writes the output itself.
 
-Conventions of ``attn_lib/flash_triton.py``: masked pointer arithmetic (no ``tl.make_block_ptr``),
+Tile sizes: ``attn_lib._triton_config.decode_configs`` (pure Python). Conventions of
+``attn_lib/flash_triton.py``: masked pointer arithmetic (no ``tl.make_block_ptr``),
 a fixed list of configurations tried in order (no autotune), fp32 accumulation, ``DOT_FP32`` and
 ``input_precision="ieee"`` from ``attn_lib._numerics`` (the interpreter's bf16 ``tl.dot`` is wrong;
 fp32 dots are TF32 on a GPU by default), B·H_kv launched in chunks of at most 65535 programs.
@@ -33,20 +34,14 @@ import triton
 import triton.language as tl
 
 from ._numerics import LN2
-from ._triton_config import (INTERPRET_BLOCK, INT32_LIMIT, MAX_HEAD_DIM, SMEM_BUDGET, SMEM_BUDGET_PRE_SM80,
-                             _next_pow2, _smem_bytes, _smem_bytes_pre_sm80, grid_chunks)
+from ._triton_config import INT32_LIMIT, MAX_HEAD_DIM, _next_pow2, decode_configs, grid_chunks
 from ._triton_entry import kernel_flags
 from ._triton_launch import _run_first_fitting, _scale_args
 from .device import triton_interprets
 from .flash_triton import _attn_fwd_inner
 
 _LN2 = tl.constexpr(LN2)
-MAX_ROWS = 128  # G·L rows per query block; more rows are cut into row blocks (each reads the K/V of its split)
 MERGE_BLOCK_P = 16  # splits the merge kernel reads at once
-# BLOCK_N in order of preference (flash-attn's split-KV kernel: 128 keys for head dim 128). Compiled for
-# sm_75 / sm_80 / sm_90 without a GPU (bench/gpu.py --compile-only), num_stages did not change this kernel's
-# shared memory, which stayed below _smem_bytes at one stage (sm_80+) and _smem_bytes_pre_sm80 (sm_75).
-_DECODE_BLOCK_N = (128, 64, 32, 16)
 
 
 @triton.jit
@@ -139,43 +134,6 @@ def _decode_merge(OPart, LsePart, Out, stride_or, stride_op, stride_od, stride_l
         acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(total == 0.0, 1.0, total)  # zeros for a row that sees no key
     tl.store(Out + row * stride_outr + offs_dv * stride_outd, out.to(Out.dtype.element_ty), mask=offs_dv < DV)
-
-
-def decode_configs(rows: int, D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, capability=None,
-                   block_m: int | None = None, block_n: int | None = None) -> list:
-    """切分核函数的块大小：BLOCK_M 容下一组的 G·L 行（至少 16，至多 MAX_ROWS，片上内存不够时减半），BLOCK_N 从大到小试。
-
-    Args:
-        rows: G·L, the query rows that share one key/value head.
-        D, Dv, dtype: head dims and the inputs' dtype.
-        interpret: under Triton's interpreter one configuration (BLOCK_N = 32).
-        capability: the GPU's (major, minor); before (8, 0) one stage within 64 KB.
-        block_m, block_n: overrides (powers of two >= 16), then exactly one configuration.
-
-    Returns:
-        A non-empty list of dicts with BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages.
-    """
-    bm = block_m or min(MAX_ROWS, max(16, _next_pow2(rows)))
-    bd, bdv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
-    elem = 4 if dtype == torch.float32 else 2
-    pre_sm80 = capability is not None and tuple(capability) < (8, 0)
-
-    def fits(bm, bn):
-        if pre_sm80:
-            return _smem_bytes_pre_sm80(dtype, "fwd", bm, bn, bd, bdv) <= SMEM_BUDGET_PRE_SM80
-        return _smem_bytes(elem, bm, bn, 1, bd, bdv) <= SMEM_BUDGET
-
-    if interpret:
-        blocks = [INTERPRET_BLOCK]
-    else:
-        while block_m is None and bm > 16 and not fits(bm, 16):  # fewer rows per program (more row blocks)
-            bm //= 2
-        blocks = [bn for bn in _DECODE_BLOCK_N if fits(bm, bn)] or [16]
-    if block_n is not None:
-        blocks = [block_n]
-    stages = 1 if interpret or pre_sm80 else 2
-    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_stages=stages,
-                 num_warps=8 if not interpret and bm >= 128 and max(bd, bdv) >= 128 else 4) for bn in blocks]
 
 
 def _needs_int64(*extents) -> bool:
@@ -285,4 +243,4 @@ def decode_attention(q, k, v, seqlens, num_splits: int, scale: float, *, block_m
     return out
 
 
-__all__ = ["decode_attention", "decode_configs", "decode_merge", "decode_split"]
+__all__ = ["decode_attention", "decode_merge", "decode_split"]

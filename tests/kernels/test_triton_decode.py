@@ -294,22 +294,23 @@ def test_no_keys_at_all_and_empty_batches():
 
 
 def test_configurations():
-    dec = kernels()
-    interp = dec.decode_configs(4, 128, 128, F16, True)
+    from attn_lib import _triton_config as cfg  # pure Python: readable without Triton
+
+    interp = cfg.decode_configs(4, 128, 128, F16, True)
     assert [(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"]) for c in interp] == [(16, 32, 128)]
-    gpu = dec.decode_configs(4, 128, 128, F16, False)
+    gpu = cfg.decode_configs(4, 128, 128, F16, False)
     assert [c["BLOCK_N"] for c in gpu] == [128, 64, 32, 16]  # 128 keys first, as flash-attn's split-KV kernel
-    assert dec.decode_configs(4, 128, 128, F32, False)[0]["BLOCK_N"] == 64  # fp32: twice the bytes per key
+    assert cfg.decode_configs(4, 128, 128, F32, False)[0]["BLOCK_N"] == 64  # fp32: twice the bytes per key
     for rows, d, dtype in ((4, 128, F16), (4, 128, F32), (4, 256, F16), (128, 128, F16), (512, 256, F32)):
-        for c in dec.decode_configs(rows, d, d, dtype, False):
-            assert dec._smem_bytes(dtype.itemsize, c["BLOCK_M"], c["BLOCK_N"], 1, d, d) <= dec.SMEM_BUDGET
-        for c in dec.decode_configs(rows, d, d, dtype, False, capability=(7, 5)):
-            assert c["num_stages"] == 1 and dec._smem_bytes_pre_sm80(
-                dtype, "fwd", c["BLOCK_M"], c["BLOCK_N"], d, d) <= dec.SMEM_BUDGET_PRE_SM80
-    assert dec.decode_configs(24, 12, 10, F32, True)[0]["BLOCK_M"] == 32  # G·L = 24 rows, padded to 32
-    assert dec.decode_configs(512, 64, 64, F32, True)[0]["BLOCK_M"] == dec.MAX_ROWS  # more rows: row blocks
-    assert dec.decode_configs(512, 128, 128, F16, False, capability=(7, 5))[0]["BLOCK_M"] == 64  # T4: 64 KB
-    assert [(c["BLOCK_M"], c["BLOCK_N"]) for c in dec.decode_configs(4, 64, 64, F16, False, block_m=32, block_n=16)
+        for c in cfg.decode_configs(rows, d, d, dtype, False):
+            assert cfg._smem_bytes(dtype.itemsize, c["BLOCK_M"], c["BLOCK_N"], 1, d, d) <= cfg.SMEM_BUDGET
+        for c in cfg.decode_configs(rows, d, d, dtype, False, capability=(7, 5)):
+            assert c["num_stages"] == 1 and cfg._smem_bytes_pre_sm80(
+                dtype, "fwd", c["BLOCK_M"], c["BLOCK_N"], d, d) <= cfg.SMEM_BUDGET_PRE_SM80
+    assert cfg.decode_configs(24, 12, 10, F32, True)[0]["BLOCK_M"] == 32  # G·L = 24 rows, padded to 32
+    assert cfg.decode_configs(512, 64, 64, F32, True)[0]["BLOCK_M"] == cfg.DECODE_MAX_ROWS  # more: row blocks
+    assert cfg.decode_configs(512, 128, 128, F16, False, capability=(7, 5))[0]["BLOCK_M"] == 64  # T4: 64 KB
+    assert [(c["BLOCK_M"], c["BLOCK_N"]) for c in cfg.decode_configs(4, 64, 64, F16, False, block_m=32, block_n=16)
             ] == [(32, 16)]
 
 
