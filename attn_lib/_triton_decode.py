@@ -16,7 +16,10 @@ A decode step: q (B, H, L, D) with small L, the cache k (B, H_kv, S_max, D), v (
   n_b) with chapter 8's online softmax (``attn_lib.flash_triton._attn_fwd_inner``): first the
   blocks every row sees in full (no masking), then the ragged end with the causal rule as the
   band ``j - i <= n_b - L``. It writes the partial output, normalised within the split (fp32),
-  and its log-sum-exp; ``-inf`` and zeros for a split with no visible key.
+  and its log-sum-exp; ``-inf`` and zeros for a split with no visible key; NaN for a row whose
+  visible scores all overflowed (a +inf score gives NaN anyway), for the door's overflow check.
+  More than ``DECODE_MAX_ROWS`` (128) rows per group are cut into row blocks, each of which reads
+  the split's K/V (the only case in which a block is read more than once).
 - ``_decode_merge``: one program per query row. With m = max_p lse_p and w_p = exp(lse_p - m):
   out = sum_p w_p o_p / sum_p w_p (zeros where every split is empty), in q's dtype.
 - One split (``num_splits=1``) skips the merge: the split kernel writes the output itself.
