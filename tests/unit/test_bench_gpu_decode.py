@@ -16,7 +16,7 @@ from attn_lib.tolerances import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_PATH = ROOT / "bench" / "gpu.py"
-_spec = iu.spec_from_file_location("bench_gpu_decode", GPU_PATH)
+_spec = iu.spec_from_file_location("bench_gpu_decode_suite", GPU_PATH)
 gpu = iu.module_from_spec(_spec)
 _spec.loader.exec_module(gpu)
 
