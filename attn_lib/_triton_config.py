@@ -1,4 +1,4 @@
-"""第 8、9 章（书中不单独讲）：Triton 核函数的配置策略——块大小、片上内存估计、网格分段、偏移用 int32 还是 int64、对角线带的参数（纯 Python，不导入 Triton）。
+"""第 8、9、13 章（书中不单独讲）：Triton 核函数的配置策略——块大小、片上内存估计、网格分段、偏移用 int32 还是 int64、对角线带的参数（纯 Python，不导入 Triton）。
 
 The kernels (``attn_lib/flash_triton.py``, ``attn_lib/flash_triton_backward.py``) take their
 tile sizes from ``candidate_configs``: a fixed list per kernel kind and element size, tried in
@@ -129,6 +129,51 @@ def default_config(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, kind
     return candidate_configs(D, Dv, dtype, interpret, kind=kind)[0]
 
 
+DECODE_MAX_ROWS = 128  # G·L query rows per program of the decode split kernel; more rows: several row blocks
+# The decode split kernel's BLOCK_N in order of preference (flash-attn's split-KV kernel: 128 keys for head
+# dim 128). Compiled for sm_75 / sm_80 / sm_90 without a GPU (bench/gpu.py --compile-only SM --decode),
+# num_stages did not change its shared memory, which stayed below _smem_bytes at one stage (sm_80+) and
+# _smem_bytes_pre_sm80 (sm_75).
+_DECODE_BLOCK_N = (128, 64, 32, 16)
+
+
+def decode_configs(rows: int, D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, capability=None,
+                   block_m: int | None = None, block_n: int | None = None) -> list:
+    """解码切分核函数（attn_lib/_triton_decode.py）的块大小：BLOCK_M 容下一组的 G·L 行（至少 16，至多 DECODE_MAX_ROWS，片上内存不够时减半），BLOCK_N 从大到小试。
+
+    Args:
+        rows: G·L, the query rows that share one key/value head.
+        D, Dv, dtype: head dims and the inputs' dtype.
+        interpret: under Triton's interpreter one configuration (BLOCK_N = 32).
+        capability: the GPU's (major, minor); before (8, 0) one stage within 64 KB.
+        block_m, block_n: overrides (powers of two >= 16), then exactly one configuration.
+
+    Returns:
+        A non-empty list of dicts with BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages.
+    """
+    bm = block_m or min(DECODE_MAX_ROWS, max(16, _next_pow2(rows)))
+    bd, bdv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
+    elem = 4 if dtype == torch.float32 else 2
+    pre_sm80 = capability is not None and tuple(capability) < (8, 0)
+
+    def fits(bm, bn):
+        if pre_sm80:
+            return _smem_bytes_pre_sm80(dtype, "fwd", bm, bn, bd, bdv) <= SMEM_BUDGET_PRE_SM80
+        return _smem_bytes(elem, bm, bn, 1, bd, bdv) <= SMEM_BUDGET
+
+    if interpret:
+        blocks = [INTERPRET_BLOCK]
+    else:
+        while block_m is None and bm > 16 and not fits(bm, 16):  # fewer rows per program (more row blocks)
+            bm //= 2
+        blocks = [bn for bn in _DECODE_BLOCK_N if fits(bm, bn)] or [16]
+    if block_n is not None:
+        blocks = [block_n]
+    stages = 1 if interpret or pre_sm80 else 2
+    return [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, BLOCK_DV=bdv, num_stages=stages,
+                 num_warps=8 if not interpret and bm >= 128 and max(bd, bdv) >= 128 else 4) for bn in blocks]
+
+
 def grid_chunks(n_heads: int, limit: int | None = None) -> list:
     """把 B·H 个头切成每次启动不超过 ``limit``（CUDA 网格第 1 维上限 65535）个的几段。
 
@@ -184,5 +229,5 @@ def band_args(is_causal: bool, window_size=NO_WINDOW, causal_offset: int = 0, L:
             "HAS_LO": lo is not None, "HAS_HI": hi is not None}
 
 
-__all__ = ["band_args", "candidate_configs", "default_config", "grid_chunks", "needs_int64", "MAX_HEAD_DIM",
+__all__ = ["band_args", "candidate_configs", "decode_configs", "default_config", "grid_chunks", "needs_int64", "MAX_HEAD_DIM",
            "MAX_GRID_Y", "SMEM_BUDGET", "SMEM_BUDGET_PRE_SM80", "INTERPRET_BLOCK"]

@@ -1,4 +1,4 @@
-"""GPU 基准（第 08、09 章）：朴素注意力、torch SDPA（FlashAttention 后端）与 attn_lib 的 Triton 核函数，前向与前向+反向的 TFLOP/s。
+"""GPU 基准（第 08、09、12、13 章）：朴素注意力、torch SDPA（FlashAttention 后端）与 attn_lib 的 Triton 核函数，前向与前向+反向的 TFLOP/s；解码一步读 KV 缓存的带宽。
 
     .venv/bin/python bench/gpu.py            # fp16 and bf16, D in {64, 128}, N in {1k, 2k, 4k, 8k, 16k}, causal and not
     .venv/bin/python bench/gpu.py --quick    # N in {1k, 4k}, fp16, D = 64
@@ -38,6 +38,24 @@ Chapter 12, the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
 Both call ``attn_lib.flash._flash_unchecked(..., backend="triton", check_overflow=False)``
 (forward under ``torch.no_grad()``, forward+backward through autograd), after a correctness
 check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
+
+Chapter 13, one decode step (FlashDecoding, ``attn_lib/_triton_decode.py``):
+
+    .venv/bin/python bench/gpu.py --decode           # fp16 and bf16, S in {1k .. 32k}, splits 1 2 4 8 16 auto
+    .venv/bin/python bench/gpu.py --decode --quick   # S in {1k, 16k}
+    .venv/bin/python bench/gpu.py --decode --splits 1 4 32 --dtypes bfloat16
+    .venv/bin/python bench/gpu.py --compile-only 90 --decode   # no GPU needed: compile the decode kernels
+
+- q (1, 32, 1, 128), the cache k, v (1, 8, S, 128): the split kernel + merge kernel with each split
+  count (``split_P``; ``split_auto``: what ``flash_decoding(num_splits=None)`` picks on this GPU)
+  against no split: chapter 8's forward kernel with ``causal_offset = S - L`` (``flash_fwd``: its grid is
+  (query blocks, B*H), 32 programs here, each loading the K/V of its query head, G = 4 times the
+  cache) and SDPA with ``enable_gqa=True`` (``sdpa_gqa``). Bandwidth: the cache's bytes
+  ``B*H_kv*S*(D+Dv)*element bytes`` (``cache_bytes``: what the split kernel's loads request, each
+  K/V block once per group) / time, against the device's peak HBM bandwidth (``peak_bandwidth``:
+  the vendor's datasheet figure for known GPUs, cited in the output and in ``PEAK_BANDWIDTH``,
+  else 2 x bus width x memory clock from the device properties). Checked against the float64
+  reference first. Results: ``bench/results/gpu_decode.json``.
 """
 from __future__ import annotations
 
@@ -127,13 +145,19 @@ def parse_args(argv=None):
     p.add_argument("--window", type=int, default=None, metavar="W",
                    help="the sliding-window suite: window_size=(W, 0) beside full causal and SDPA with a band mask")
     p.add_argument("--gqa", action="store_true", help="the GQA suite: H=32, H_kv=8, D=128 vs SDPA enable_gqa=True")
+    p.add_argument("--decode", action="store_true",
+                   help="the decode-step suite: B=1, H=32, H_kv=8, L=1, D=128, split counts vs no split, GB/s")
+    p.add_argument("--splits", nargs="+", default=None, metavar="P",
+                   help="the decode suite's split counts (ints or 'auto'); default 1 2 4 8 16 auto")
     p.add_argument("--compile-only", metavar="SM", type=int, default=None,
                    help="no GPU needed: compile every kernel for compute capability SM (e.g. 75 for a T4, 80, 90) "
                         "with Triton's bundled ptxas and print the shared memory each configuration needs")
     args = p.parse_args(argv)
-    if args.window is not None and args.gqa:
-        p.error("--window and --gqa are two runs; give one of them")
-    args.suite = "window" if args.window is not None else ("gqa" if args.gqa else None)
+    if (args.window is not None) + args.gqa + args.decode > 1:
+        p.error("--window, --gqa and --decode are separate runs; give one of them")
+    args.suite = "window" if args.window is not None else ("gqa" if args.gqa else ("decode" if args.decode else None))
+    if args.suite == "decode":
+        return _decode_defaults(p, args)
     if args.suite:
         return _suite_defaults(args, sys.argv[1:] if argv is None else argv)
     if args.quick:
@@ -153,6 +177,19 @@ def _suite_defaults(args, argv):
         args.sizes = list(QUICK_17_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else DEFAULT_SIZES))
     allowed = WINDOW_IMPLS if args.suite == "window" else GQA_IMPLS
     args.impls = [i for i in args.impls if i in allowed] or list(allowed)
+    return args
+
+
+def _decode_defaults(p, args):
+    """The decode suite: fp16 and bf16, S = 1k .. 32k, the split counts and the two baselines."""
+    splits = args.splits or [str(x) for x in DECODE_SPLITS]
+    bad = [x for x in splits if x != "auto" and not (x.isdigit() and int(x) >= 1)]
+    if bad:
+        p.error(f"--splits must be ints >= 1 or 'auto', got {bad}")
+    args.splits = [x if x == "auto" else int(x) for x in splits]
+    if args.sizes is None:
+        args.sizes = list(QUICK_DECODE_SIZES if args.quick else DECODE_SIZES)
+    args.impls = decode_impls(args.splits)
     return args
 
 
@@ -508,10 +545,293 @@ def _run17(args, argv, torch) -> int:
     return 0
 
 
+# Chapter 13: the decode step (FlashDecoding)
+DECODE_SHAPE = (1, 32, 8, 1, 128)  # B, H, H_kv, L, D
+DECODE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
+QUICK_DECODE_SIZES = (1024, 16384)
+DECODE_SPLITS = (1, 2, 4, 8, 16, "auto")
+DECODE_BASE_IMPLS = ("flash_fwd", "sdpa_gqa")  # no split: chapter 8's kernel (parallel over queries), torch SDPA
+RESULTS_DECODE = Path(__file__).resolve().parent / "results" / "gpu_decode.json"
+# Peak HBM bandwidth from the vendors' datasheets, bytes/s; the first name fragment found in the device name wins.
+PEAK_BANDWIDTH = (
+    ("H200", 4.8e12, "NVIDIA H200 datasheet, nvidia.com/en-us/data-center/h200 (4.8 TB/s)"),
+    ("H100 PCIe", 2.0e12, "NVIDIA H100 datasheet, nvidia.com/en-us/data-center/h100 (PCIe: 2 TB/s)"),
+    ("H100 NVL", 3.9e12, "NVIDIA H100 datasheet, nvidia.com/en-us/data-center/h100 (NVL: 3.9 TB/s)"),
+    ("H100", 3.35e12, "NVIDIA H100 datasheet, nvidia.com/en-us/data-center/h100 (SXM: 3.35 TB/s)"),
+    ("A100 80GB PCIe", 1.935e12, "NVIDIA A100 datasheet, nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf "
+                                 "(80GB PCIe: 1,935 GB/s)"),
+    ("A100-SXM4-80GB", 2.039e12, "NVIDIA A100 datasheet, nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf "
+                                 "(80GB SXM: 2,039 GB/s)"),
+    ("A100", 1.555e12, "NVIDIA A100 datasheet, nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf (40GB: 1,555 GB/s)"),
+    ("L40S", 0.864e12, "NVIDIA L40S datasheet (864 GB/s)"),
+    ("L40", 0.864e12, "NVIDIA L40 datasheet (864 GB/s)"),
+    ("A10", 0.6e12, "NVIDIA A10 datasheet (600 GB/s)"),
+    ("L4", 0.3e12, "NVIDIA L4 datasheet (300 GB/s)"),
+    ("T4", 0.32e12, "NVIDIA T4 datasheet (320 GB/s)"),
+    ("V100", 0.9e12, "NVIDIA V100 datasheet (900 GB/s)"),
+)
+
+
+def decode_impls(splits=DECODE_SPLITS) -> list:
+    """解码一步要计时的实现：两个不切分的基线，然后每个切分数一行（split_1、split_2 …… split_auto）。"""
+    return list(DECODE_BASE_IMPLS) + [f"split_{p}" for p in splits]
+
+
+def cache_bytes(B: int, H_kv: int, S: int, D: int, Dv: int, element_bytes: int) -> int:
+    """一步解码读的 KV 缓存字节数：B·H_kv·S·(D + Dv)·每个元素的字节数（每个键/值头只读一遍，GQA 不重复）。"""
+    return B * H_kv * S * (D + Dv) * element_bytes
+
+
+def kv_loads_bytes(impl: str, B: int, H: int, H_kv: int, S: int, D: int, Dv: int, element_bytes: int):
+    """实现的 load 指令请求的 K、V 字节数：切分核函数每组一遍；第 8 章的核函数每个查询头一遍（G 倍，可能由 L2 供给）；SDPA 未知（None）。"""
+    once = cache_bytes(B, H_kv, S, D, Dv, element_bytes)
+    if impl.startswith("split_"):
+        return once
+    return once * (H // H_kv) if impl == "flash_fwd" else None
+
+
+def peak_bandwidth(name: str, bus_width_bits: int | None = None, memory_clock_khz: int | None = None):
+    """设备的峰值显存带宽（字节/秒）和出处：已知型号取厂商数据表；否则按 2 × 总线宽度 × 显存时钟算（同 torch.cuda._device_limits）。
+
+    Returns:
+        ``(bytes_per_s, source)``; ``(None, "unknown")`` when the name is unknown and the properties are missing.
+    """
+    import re
+
+    for fragment, peak, source in PEAK_BANDWIDTH:  # a whole model name: "A10" is not "A100", "L4" not "L40S"
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(fragment)}(?![0-9])", name, flags=re.IGNORECASE):
+            return peak, source
+    if bus_width_bits and memory_clock_khz:
+        return 2 * bus_width_bits / 8 * memory_clock_khz * 1e3, (
+            f"2 x {bus_width_bits}-bit bus x {memory_clock_khz / 1e3:.0f} MHz memory clock "
+            "(cudaDeviceProp, as torch.cuda._device_limits)")
+    return None, "unknown"
+
+
+def auto_splits(batch_heads: int, S: int, device="cuda"):
+    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择；attn_lib.decoding 还没有时返回 None。
+
+    That is ``choose_num_splits(batch_heads, S, workers=device_workers(device))`` (workers: the SMs
+    of a GPU), or ``choose_num_splits(batch_heads, S)`` where ``device_workers`` is not there.
+    """
+    try:
+        from attn_lib import decoding
+    except ImportError:
+        return None
+    workers = getattr(decoding, "device_workers", None)
+    try:
+        if workers is None:
+            return int(decoding.choose_num_splits(batch_heads, S))
+        return int(decoding.choose_num_splits(batch_heads, S, workers=workers(device)))
+    except (TypeError, AttributeError) as err:  # another API than this one: say so, time the rest
+        print(f"split_auto skipped: attn_lib.decoding.choose_num_splits({batch_heads}, {S}) failed: {err}",
+              file=sys.stderr)
+        return None
+
+
+def decode_fn(torch, impl: str, q, k, v, seqlens, *, interpret: bool = False):
+    """The callable to time for one decode step (no input checks): k, v of H_kv heads, read in place."""
+    import importlib
+
+    import torch.nn.functional as F
+
+    from attn_lib._numerics import resolve_scale
+    from attn_lib.flash import kernel_flags, load_kernel
+
+    scale = resolve_scale(None, q.shape[-1])
+    L, S = q.shape[2], k.shape[2]
+    if impl == "sdpa_gqa":  # L queries, bottom-right causal: with L = 1 every key is visible
+        keep = None if L == 1 else torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L)  # (L,S)
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)  # (B,H,L,D)
+    if impl == "flash_fwd":
+        kernel, flags = load_kernel(), kernel_flags(q.dtype, q.device, interpret)
+        return lambda: kernel.launch(q, k, v, None, True, scale, interpret=interpret, dot_fp32=flags["dot_fp32"],
+                                     capability=flags["capability"], causal_offset=S - L)[0]  # (B,H,L,Dv)
+    splits = int(impl.removeprefix("split_"))
+    dec = importlib.import_module("attn_lib._triton_decode")
+    return lambda: dec.decode_attention(q, k, v, seqlens, splits, scale)  # (B,H,L,Dv)
+
+
+
+def bench_decode_case(torch, impl: str, dtype: str, S: int, peak, *, shape=DECODE_SHAPE, device="cuda",
+                      timer=None) -> dict:
+    """One decode step: do_bench median (L2 flushed), the cache read's GB/s and its share of the peak.
+
+    ``shape`` is (B, H, H_kv, L, D); ``timer(fn) -> ms`` replaces do_bench (the CPU test of this suite).
+    """
+    B, H, H_kv, L, D = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    t = getattr(torch, dtype)
+    q = torch.randn(B, H, L, D, device=device, dtype=t, generator=gen)  # (B,H,L,D)
+    k, v = (torch.randn(B, H_kv, S, D, device=device, dtype=t, generator=gen) for _ in range(2))  # (B,H_kv,S,D)
+    seqlens = torch.full((B,), S, dtype=torch.int32, device=device)  # (B,) every entry uses the whole cache
+    splits = None
+    if impl.startswith("split_"):
+        splits = auto_splits(B * H_kv, S, device) if impl == "split_auto" else int(impl.removeprefix("split_"))
+    base = {"suite": "decode", "impl": impl, "dtype": dtype, "S": S, "B": B, "H": H, "H_kv": H_kv, "L": L, "D": D,
+            "splits": splits}
+    if impl == "split_auto" and splits is None:
+        return {**base, "error": "n/a"}  # attn_lib.decoding.choose_num_splits is not there yet
+    fn = decode_fn(torch, impl if splits is None else f"split_{splits}", q, k, v, seqlens,
+                   interpret=device != "cuda")
+    if timer is None:
+        from triton.testing import do_bench
+
+        def timer(f):
+            return do_bench(f, warmup=25, rep=100, return_mode="median")
+    ms = timer(fn)
+    nbytes = cache_bytes(B, H_kv, S, D, D, q.element_size())
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    return {**base, "ms": ms, "cache_bytes": nbytes,
+            "kv_loads_bytes": kv_loads_bytes(impl, B, H, H_kv, S, D, D, q.element_size()), "gb_per_s": gbps,
+            "peak_fraction": None if peak is None else gbps * 1e9 / peak}
+
+
+def plain_decode(torch, q, k, v, keep):
+    """The plain formula in q's dtype (flash-attn's naive side): K, V repeated over the group, scores and softmax
+    in that dtype. keep (B, 1, L, S) bool, every row with a visible key."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)  # (B,H_kv,S,D) -> (B,H,S,D)
+    s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B,H,L,S)
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v  # (B,H,L,D)
+
+
+def check_decode(torch, *, device="cuda", dims=(3, 8, 2, 1000, 128)) -> None:
+    """Before timing: the split kernels agree with the float64 reference (flash-attn's rule), ragged lengths too."""
+    import attn_lib
+    from attn_lib.tolerances import assert_flash_rule
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    B, H, H_kv, S, D = dims
+    lens = [S, 3, S // 2 + 17][:B]  # every row sees a key
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    for dtype in (torch.float16, torch.bfloat16):
+        for L in (1, 3):
+            q = torch.randn(B, H, L, D, device=device, generator=gen).to(dtype)  # (B,H,L,D)
+            k, v = (torch.randn(B, H_kv, S, D, device=device, generator=gen).to(dtype) for _ in range(2))
+            keep = torch.zeros(B, 1, L, S, dtype=torch.bool, device=device)  # (B,1,L,S) the decode rule, by hand
+            for b, n in enumerate(lens):
+                keep[b, 0, :, :n] = torch.ones(L, n, dtype=torch.bool, device=device).tril(n - L)  # j <= n - L + i
+            ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), mask=keep, enable_gqa=True)
+            naive = plain_decode(torch, q, k, v, keep)  # (B,H,L,D) in dtype
+            for impl in ("split_1", "split_3", "split_8"):
+                out = decode_fn(torch, impl, q, k, v, seqlens)()  # (B,H,L,D)
+                assert_flash_rule(out, naive, ref, what=f"{impl} {dtype} L={L}")
+
+
+def _decode_rank(impl: str) -> tuple:
+    """Table order: the baselines, then the split counts ascending, 'auto' last."""
+    if impl in DECODE_BASE_IMPLS:
+        return (0, DECODE_BASE_IMPLS.index(impl))
+    tail = impl.removeprefix("split_")
+    return (1, int(tail)) if tail.isdigit() else (2, 0)
+
+
+def format_decode_table(results: list) -> str:
+    """解码一步排成表：时间、缓存读取的 GB/s、占峰值带宽的百分比、相对不切分（第 8 章核函数）的加速倍数。"""
+    head = f"{'dtype':>8} {'S':>6} {'impl':>10} {'splits':>6} {'us':>9} {'GB/s':>8} {'% peak':>7} {'x no split':>10}"
+    lines = [head, "-" * len(head)]
+    ok = {(r["dtype"], r["S"], r["impl"]): r for r in results if "error" not in r}
+    for r in sorted(results, key=lambda r: (r["dtype"], r["S"], _decode_rank(r["impl"]))):
+        prefix = f"{r['dtype']:>8} {r['S']:>6} {r['impl']:>10} {str(r.get('splits') or '-'):>6}"
+        if "error" in r:
+            lines.append(f"{prefix} {r['error']:>9}")
+            continue
+        base = ok.get((r["dtype"], r["S"], "flash_fwd"))
+        speedup = f"{base['ms'] / r['ms']:.2f}" if base else "-"
+        share = "-" if r.get("peak_fraction") is None else f"{100 * r['peak_fraction']:.1f}"
+        lines.append(f"{prefix} {1e3 * r['ms']:>9.1f} {r['gb_per_s']:>8.1f} {share:>7} {speedup:>10}")
+    return "\n".join(lines)
+
+
+def _run_decode(args, argv, torch) -> int:
+    """The decode suite on the GPU: check, time, print, save."""
+    check_decode(torch)
+    info = machine(torch)
+    props = torch.cuda.get_device_properties(0)
+    peak, source = peak_bandwidth(info["gpu"], getattr(props, "memory_bus_width", None),
+                                  getattr(props, "memory_clock_rate", None))
+    B, H, H_kv, L, D = DECODE_SHAPE
+    print(f"# {info['gpu']} (sm_{info['capability'].replace('.', '')}), CUDA {info['cuda']}, torch {info['torch']}, "
+          f"triton {info['triton']}, {info['date']}")
+    print(f"# decode step B={B} H={H} H_kv={H_kv} L={L} D={D}; checks: none (kernels launched directly); "
+          f"GB/s = B*H_kv*S*2D*bytes / time; peak " + ("unknown" if peak is None else f"{peak / 1e12:.2f} TB/s")
+          + f" ({source})")
+    results = []
+    for dtype in args.dtypes:
+        for S in args.sizes:
+            for impl in args.impls:
+                r = bench_decode_case(torch, impl, dtype, S, peak)
+                results.append(r)
+                print(f"  {dtype} S={S} {impl}: " + (f"{r['gb_per_s']:.0f} GB/s" if "ms" in r else r["error"]),
+                      flush=True)
+    print(format_decode_table(results))
+    out = args.out or (None if (args.quick or args.no_save) else RESULTS_DECODE)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"machine": info, "peak_bandwidth": {"bytes_per_s": peak, "source": source},
+                   "config": {"time": "triton.testing.do_bench median, ms",
+                              "bandwidth": "cache_bytes = B*H_kv*S*(D+Dv)*element bytes, GB/s = cache_bytes / time"},
+                   "command": "python bench/gpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   "results": results}
+        out.write_text(json.dumps(payload, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+
+def decode_signature(arg_names, dtype_name: str, constexprs: dict) -> dict:
+    """解码两个核函数的参数类型：Q、K、V、Out 是输入精度的指针，部分结果是 fp32 指针，Seqlens 是 int32 指针，其余 int32。"""
+    pointers = {"Q": dtype_name, "K": dtype_name, "V": dtype_name, "Out": dtype_name, "OPart": "fp32",
+                "LsePart": "fp32", "Seqlens": "i32"}
+    return {name: "constexpr" if name in constexprs else (f"*{pointers[name]}" if name in pointers else
+                                                            ("fp32" if name == "qk_scale" else "i32"))
+            for name in arg_names}
+
+
+def compile_decode(sm: int, head_dims, dtypes, rows: int = 4) -> int:
+    """Compile the decode kernels for compute capability ``sm`` without a GPU (G·L = ``rows`` query rows per group)."""
+    import importlib
+
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    dec = importlib.import_module("attn_lib._triton_decode")  # TRITON_INTERPRET=0 was set by __main__
+    numerics = importlib.import_module("attn_lib._numerics")
+    if type(dec._decode_split).__name__ != "JITFunction":
+        print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM --decode",
+              file=sys.stderr)
+        return 2
+    target, cap = GPUTarget("cuda", sm, 32), (sm // 10, sm % 10)
+    print(f"# sm_{sm}: decode kernels, shared memory per program, every configuration of the split kernel")
+    for dtype in dtypes:
+        tdtype, tname = getattr(torch, dtype), {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[dtype]
+        fp32 = numerics.dot_fp32(tdtype, cap, False)
+        for D in head_dims:
+            cfgs = dec.decode_configs(rows, D, D, tdtype, False, capability=cap)
+            builds = [(dec._decode_split, cfg, dict(D=D, DV=D, DOT_FP32=fp32, INT64=False, SPLIT_SCALE=False,
+                                                    INPUT_PRECISION=numerics.dot_input_precision(tdtype, fp32),
+                                                    **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D",
+                                                                           "BLOCK_DV")})) for cfg in cfgs]
+            builds.append((dec._decode_merge, dict(num_warps=4, num_stages=1),
+                           dict(DV=D, BLOCK_P=dec.MERGE_BLOCK_P, BLOCK_DV=cfgs[0]["BLOCK_DV"])))
+            for fn, cfg, consts in builds:
+                src = ASTSource(fn=fn, signature=decode_signature(fn.arg_names, tname, consts),
+                                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+                compiled = triton.compile(src, target=target,
+                                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
+                what = "merge" if "BLOCK_P" in consts else f"split BLOCK_M={consts['BLOCK_M']} BLOCK_N={consts['BLOCK_N']}"
+                print(f"  {dtype:>8} D={D:<4} {what}: {compiled.metadata.shared:>6} bytes", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.compile_only is not None:
-        return compile_only(args.compile_only, args.head_dims, args.dtypes)
+        run = compile_decode if args.suite == "decode" else compile_only
+        return run(args.compile_only, args.head_dims, args.dtypes)
     import torch
 
     if not torch.cuda.is_available():
@@ -525,6 +845,8 @@ def main(argv=None) -> int:
         print("Triton was imported in interpreter mode before bench/gpu.py could pin compiled mode; "
               "run it as a script: python bench/gpu.py", file=sys.stderr)
         return 2
+    if args.suite == "decode":
+        return _run_decode(args, argv, torch)
     if args.suite:
         return _run17(args, argv, torch)
     return _run(args, argv, torch, kernel, lambda dtype: kernel_flags(dtype, torch.device("cuda", 0), False))
