@@ -131,9 +131,10 @@ def default_config(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, kind
 
 DECODE_MAX_ROWS = 128  # G·L query rows per program of the decode split kernel; more rows: several row blocks
 # The decode split kernel's BLOCK_N in order of preference (flash-attn's split-KV kernel: 128 keys for head
-# dim 128). Compiled for sm_75 / sm_80 / sm_90 without a GPU (bench/gpu.py --compile-only SM --decode),
-# num_stages did not change its shared memory, which stayed below _smem_bytes at one stage (sm_80+) and
-# _smem_bytes_pre_sm80 (sm_75).
+# dim 128). Compiled for sm_75 / sm_80 / sm_90 without a GPU as the launcher builds it (bench/gpu.py
+# --compile-only SM --decode): below _smem_bytes_pre_sm80 on sm_75; on sm_80+ (two stages, pipelined loads)
+# a few KB above _smem_bytes at one stage, the estimate checked here, and within the GPU's limit. A
+# configuration the GPU refuses (OutOfResources) makes the launcher try the next BLOCK_N.
 _DECODE_BLOCK_N = (128, 64, 32, 16)
 
 

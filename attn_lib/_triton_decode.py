@@ -144,13 +144,14 @@ def _needs_int64(*extents) -> bool:
     return any(sum((n + MAX_HEAD_DIM) * abs(s) for n, s in dims) >= INT32_LIMIT for dims in extents)
 
 
-def _split_into(q, k, v, seqlens, num_splits: int, scale: float, o_part, lse_part, *, block_m=None, block_n=None):
+def _split_into(q, k, v, seqlens, num_splits: int, scale: float, o_part, lse_part, *, block_m=None, block_n=None,
+                target=None):
     """Launch _decode_split writing into o_part (B, H, L, P, Dv) and lse_part (B, H, L, P), any strides."""
     B, H, L, D = q.shape
     H_kv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = H // H_kv
-    interpret = triton_interprets()
-    flags = kernel_flags(q.dtype, q.device, interpret)
+    interpret, capability = (triton_interprets(), None) if target is None else target
+    flags = kernel_flags(q.dtype, q.device, interpret, capability=capability)
     configs = decode_configs(G * L, D, Dv, q.dtype, interpret, capability=flags["capability"], block_m=block_m,
                              block_n=block_n)
     so, sl = o_part.stride(), lse_part.stride()
@@ -174,7 +175,7 @@ def _split_into(q, k, v, seqlens, num_splits: int, scale: float, o_part, lse_par
     return _run_first_fitting(configs, run)
 
 
-def decode_split(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=None, block_n=None):
+def decode_split(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=None, block_n=None, target=None):
     """切分核函数：每段键给出段内归一化的部分输出和它的 log-sum-exp（没有可见键的段给 0 和 -inf）。
 
     Args:
@@ -184,6 +185,8 @@ def decode_split(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=Non
             extra splits are empty).
         scale: multiplies q·k.
         block_m, block_n: override BLOCK_M (rows per query block) / BLOCK_N (keys per block).
+        target: ``(interpret, capability)`` to launch for; default this process's Triton mode and
+            q's GPU (``bench/gpu.py --compile-only`` passes the GPU it compiles for).
 
     Returns:
         ``(o_part, lse_part)``: (B, H, L, P, Dv) and (B, H, L, P), float32.
@@ -193,7 +196,8 @@ def decode_split(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=Non
     o_part = torch.empty(B, H, L, num_splits, Dv, dtype=torch.float32, device=q.device)  # (B,H,L,P,Dv)
     lse_part = torch.empty(B, H, L, num_splits, dtype=torch.float32, device=q.device)  # (B,H,L,P)
     if B * H * L * Dv and k.shape[2]:  # the kernel writes every element
-        _split_into(q, k, v, seqlens, num_splits, scale, o_part, lse_part, block_m=block_m, block_n=block_n)
+        _split_into(q, k, v, seqlens, num_splits, scale, o_part, lse_part, block_m=block_m, block_n=block_n,
+                    target=target)
     else:  # no key at all: every split is empty
         o_part.zero_()
         lse_part.fill_(float("-inf"))
@@ -224,25 +228,27 @@ def decode_merge(o_part, lse_part, dtype):
     return out
 
 
-def decode_attention(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=None, block_n=None):
+def decode_attention(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=None, block_n=None, target=None):
     """FlashDecoding 的一步（输入已检查过）：切分核函数加合并核函数；返回 out (B, H, L, Dv)，精度同 q。
 
     Query head h reads key/value head h // (H // H_kv) in place (K and V are never repeated).
     ``num_splits == 1`` runs the split kernel alone, writing the output in q's dtype.
 
     Args:
-        q, k, v, seqlens, num_splits, scale, block_m, block_n: as in ``decode_split``.
+        q, k, v, seqlens, num_splits, scale, block_m, block_n, target: as in ``decode_split``.
     """
     B, H, L, _ = q.shape
     Dv = v.shape[3]
     if num_splits > 1:
-        o_part, lse_part = decode_split(q, k, v, seqlens, num_splits, scale, block_m=block_m, block_n=block_n)
+        o_part, lse_part = decode_split(q, k, v, seqlens, num_splits, scale, block_m=block_m, block_n=block_n,
+                                        target=target)
         return decode_merge(o_part, lse_part, q.dtype)
     if not (B * H * L * Dv and k.shape[2]):
         return torch.zeros(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv): no key, zeros
     out = torch.empty(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv), every row written
     lse = torch.empty(B, H, L, 1, dtype=torch.float32, device=q.device)  # (B,H,L,1), not returned
-    _split_into(q, k, v, seqlens, 1, scale, out.unsqueeze(3), lse, block_m=block_m, block_n=block_n)  # out as (B,H,L,1,Dv)
+    _split_into(q, k, v, seqlens, 1, scale, out.unsqueeze(3), lse, block_m=block_m, block_n=block_n,
+                target=target)  # out as (B,H,L,1,Dv)
     return out
 
 

@@ -47,14 +47,21 @@ def load_kernel():
     return importlib.import_module("attn_lib._triton_launch")
 
 
-def kernel_flags(dtype: torch.dtype, device, interpret: bool) -> dict:
+def kernel_flags(dtype: torch.dtype, device, interpret: bool, *, capability: tuple | None = None) -> dict:
     """核函数的精度开关：DOT_FP32（每个 tl.dot 改用 fp32 计算）和 GPU 的计算能力（规则见 attn_lib._numerics）。
+
+    Args:
+        capability: the GPU's (major, minor) instead of asking ``device`` (``bench/gpu.py
+            --compile-only`` builds for a GPU this machine does not have); ignored when interpreting.
 
     Returns:
         ``{"dot_fp32": bool, "input_precision": "ieee" or None, "capability": (major, minor) or None}``
         (capability None under the interpreter).
     """
-    capability = None if interpret else _device.cuda_capability(device)
+    if interpret:
+        capability = None
+    elif capability is None:
+        capability = _device.cuda_capability(device)
     fp32 = dot_fp32(dtype, capability, interpret)
     return {"dot_fp32": fp32, "input_precision": dot_input_precision(dtype, fp32), "capability": capability}
 

@@ -4,6 +4,12 @@
     .venv/bin/python bench/gpu.py --quick    # N in {1k, 4k}, fp16, D = 64
     .venv/bin/python bench/gpu.py --passes fwd_bwd          # forward + backward only
     .venv/bin/python bench/gpu.py --batch 1 --heads 8   # the CPU benchmark's shape
+    .venv/bin/python bench/gpu.py --compile-only 75      # no GPU needed: every kernel compiled for sm_75 (or 80, 86, 89, 90)
+
+``--compile-only SM`` runs attn_lib's launchers (forward, backward, decode step) as on a GPU of compute
+capability SM with each kernel launch replaced by ``triton.compile`` for that GPU (Triton's bundled ptxas),
+and prints the shared memory of every configuration a launcher tries until one fits the SM's limit
+(``MAX_SHARED``); exit code 1 when some launcher finds none. ``--dtypes`` and ``--head-dims`` narrow it.
 
 Shapes follow flash-attn's benchmark: B * N = 16k tokens and H * D = 2048 (so B = 16384 // N,
 H = 2048 // D) unless --batch / --heads are given. Forward FLOPs are ``4 * B * H * N * N * D``
@@ -44,7 +50,7 @@ Chapter 13, one decode step (FlashDecoding, ``attn_lib/_triton_decode.py``):
     .venv/bin/python bench/gpu.py --decode           # fp16 and bf16, S in {1k .. 32k}, splits 1 2 4 8 16 auto
     .venv/bin/python bench/gpu.py --decode --quick   # S in {1k, 16k}
     .venv/bin/python bench/gpu.py --decode --splits 1 4 32 --dtypes bfloat16
-    .venv/bin/python bench/gpu.py --compile-only 90 --decode   # no GPU needed: compile the decode kernels
+    .venv/bin/python bench/gpu.py --compile-only 90 --decode   # no GPU needed: the decode kernels alone
 
 - q (1, 32, 1, 128), the cache k, v (1, 8, S, 128): the split kernel + merge kernel with each split
   count (``split_P``; ``split_auto``: what ``flash_decoding(num_splits=None)`` picks on this GPU)
@@ -322,78 +328,152 @@ def check_kernel(torch, kernel, flags_for) -> None:
                 assert err <= 2 * naive_err + atol, f"triton {name} {dtype} causal={causal}: {err:.3e} vs {naive_err:.3e}"
 
 
-_NOT_POINTERS = {"H", "L", "S", "HZ_START", "CAUSAL_OFFSET", "SPLIT_SCALE", "D", "DV", "CAUSAL", "HAS_KPM", "DOT_FP32",
-                 "INPUT_PRECISION", "INT64", "BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV"}
+# --compile-only SM (no GPU needed): attn_lib's launchers run as they would on a GPU of compute capability SM,
+# with every kernel launch replaced by triton.compile for that GPU (KernelCompiler). So the arguments, the
+# constexprs and the configuration each launcher picks are the launchers' own, never a copy of them here.
+MAX_SHARED = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448}
+# ^ bytes of shared memory one block may use (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, what Triton
+# checks when it loads a kernel): the CUDA C++ Programming Guide, "Technical Specifications per Compute
+# Capability": 64 KB (7.5), 163 KB (8.0), 99 KB (8.6, 8.9), 227 KB (9.0).
+COMPILE_SHAPE = (1, 8, 2, 1024)  # B, H, H_kv, L = S of the forward and backward launches (causal, key padding)
+COMPILE_DECODE_SPLITS = 4  # the decode launch: DECODE_SHAPE, a cache of 4096 keys, this many splits
+COMPILE_DECODE_KEYS = 4096
+LAUNCHED_KERNELS = {"attn_lib._triton_launch": ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"),
+                    "attn_lib._triton_decode": ("_decode_split", "_decode_merge")}
 
 
-def kernel_signature(arg_names, dtype_name: str, constexprs: dict) -> dict:
-    """为 triton.compile 写出核函数的参数类型：大写名字是指针（掩码 int8,lse/Delta float32），小写是 int32 / fp32。
+class KernelCompiler:
+    """没有 GPU 时代替一个 @triton.jit 核函数：``kernel[grid](...)`` 不启动，而是为目标 GPU 编译它并记下共享内存。
+
+    Triton's own binder specializes the arguments as a launch would (pointer dtypes, strides of 1,
+    divisibility by 16). A kernel needing more shared memory than ``limit`` raises OutOfResources
+    after it is logged, as loading it on that GPU does, so the launcher goes on to its next configuration.
+    Relies on Triton 3.7's binder (``create_function_from_signature``, ``JITFunction._pack_args``).
+    """
+
+    def __init__(self, fn, target, limit: int, log: list):
+        self.fn, self.target, self.limit, self.log = fn, target, limit, log
+
+    def __getitem__(self, grid):
+        return self.compile
+
+    def compile(self, *args, **kwargs):
+        import triton
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.errors import OutOfResources
+        from triton.runtime.jit import create_function_from_signature
+
+        backend = make_backend(self.target)
+        binder = create_function_from_signature(self.fn.signature, self.fn.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = self.fn._pack_args(backend, kwargs, bound, specialization, options)
+        compiled = triton.compile(ASTSource(self.fn, signature, constexprs, attrs), target=self.target,
+                                  options=options.__dict__)
+        shared = compiled.metadata.shared
+        self.log.append(dict(kernel=self.fn.__name__, shared=shared, fits=shared <= self.limit,
+                             num_warps=options.num_warps, num_stages=options.num_stages,
+                             blocks={k: v for k, v in kwargs.items() if k.startswith("BLOCK_")},
+                             constexprs={name: v for name, v in kwargs.items() if name.isupper()}))
+        if shared > self.limit:
+            raise OutOfResources(shared, self.limit, "shared memory")
+
+
+def compile_launches(sm: int, dtype_name: str, D: int, log: list, decode_only: bool = False) -> list:
+    """为计算能力 sm 的 GPU 跑一遍 attn_lib 的每个启动器（前向、反向、解码），核函数只编译不启动；返回没有一个配置放得下的启动器。
 
     Args:
-        arg_names: the kernel's argument names, in order.
-        dtype_name: Triton's name of the inputs' type, e.g. ``"fp16"``.
-        constexprs: the compile-time arguments (typed ``"constexpr"``).
+        sm: compute capability, e.g. 75, 80, 90 (a key of ``MAX_SHARED``).
+        dtype_name: ``"float16"`` or ``"bfloat16"``; D: the head dim (Dv = D).
+        log: gets one dict per compiled kernel (``KernelCompiler``), in launch order.
+        decode_only: the decode launcher alone.
     """
-    sig = {}
-    for name in arg_names:
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name == "KPM":
-            sig[name] = "*i8"
-        elif name in ("LSE", "Delta"):
-            sig[name] = "*fp32"
-        elif name[0].isupper() and name not in _NOT_POINTERS:
-            sig[name] = f"*{dtype_name}"
-        elif name in ("qk_scale", "sm_scale"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
-
-
-def compile_only(sm: int, head_dims, dtypes) -> int:
-    """Compile every kernel for compute capability ``sm`` without a GPU; print shared memory per kernel."""
-    import time
+    import contextlib
+    import importlib
+    from unittest import mock
 
     import torch
-    import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton.runtime.errors import OutOfResources
 
+    launch, dec = (importlib.import_module(name) for name in LAUNCHED_KERNELS)
+    cap = (sm // 10, sm % 10)
+    dot_fp32 = importlib.import_module("attn_lib._triton_entry").kernel_flags(
+        getattr(torch, dtype_name), None, False, capability=cap)["dot_fp32"]  # the launchers' rule
+    meta = dict(dtype=getattr(torch, dtype_name), device="meta")  # shapes and strides, no memory
+    B, H, H_kv, N = COMPILE_SHAPE
+    q, out, dout = (torch.empty(B, H, N, D, **meta) for _ in range(3))  # (B,H,L,D)
+    k, v = (torch.empty(B, H_kv, N, D, **meta) for _ in range(2))  # (B,H_kv,S,D)
+    lse = torch.empty(B, H, N, dtype=torch.float32, device="meta")  # (B,H,L)
+    kpm = torch.ones(B, N, dtype=torch.bool, device="meta")  # (B,S)
+    Bd, Hd, Hd_kv, Ld, _ = DECODE_SHAPE
+    qd = torch.empty(Bd, Hd, Ld, D, **meta)  # (B,H,L,D)
+    kd, vd = (torch.empty(Bd, Hd_kv, COMPILE_DECODE_KEYS, D, **meta) for _ in range(2))  # (B,H_kv,S,D)
+    seqlens = torch.empty(Bd, dtype=torch.int32, device="meta")  # (B,)
+    flags = dict(interpret=False, dot_fp32=dot_fp32, capability=cap)
+    steps = {"forward": lambda: launch.launch(q, k, v, kpm, True, D ** -0.5, **flags),
+             "backward": lambda: launch.launch_backward(q, k, v, out, lse, dout, kpm, True, D ** -0.5, **flags),
+             "decode": lambda: dec.decode_attention(qd, kd, vd, seqlens, COMPILE_DECODE_SPLITS, D ** -0.5,
+                                                    target=(False, cap))}
+    failed = []
+    with contextlib.ExitStack() as stack:
+        target = GPUTarget("cuda", sm, 32)
+        for module in (launch, dec):
+            for name in LAUNCHED_KERNELS[module.__name__]:
+                compiler = KernelCompiler(getattr(module, name), target, MAX_SHARED[sm], log)
+                stack.enter_context(mock.patch.object(module, name, compiler))
+        for what, step in steps.items():
+            if decode_only and what != "decode":
+                continue
+            try:
+                step()
+            except OutOfResources:  # even the launcher's last configuration needs too much shared memory
+                failed.append(what)
+    return failed
+
+
+def _compiled_line(dtype_name: str, D: int, r: dict) -> str:
+    blocks = " ".join(f"{k}={v}" for k, v in r["blocks"].items())
+    note = "" if r["fits"] else "  over the limit: the launcher tries its next configuration"
+    return (f"  {dtype_name:>8} D={D:<4} {r['kernel']:<20} {blocks} stages={r['num_stages']} warps={r['num_warps']}: "
+            f"{r['shared']:>6} bytes{note}")
+
+
+def compile_only(sm: int, head_dims, dtypes, decode_only: bool = False) -> int:
+    """没有 GPU 也能做：为计算能力 sm 编译每个启动器会用的核函数，打印每个的共享内存；有启动器放不下时返回 1。"""
     import importlib
 
+    import torch
+
+    if sm not in MAX_SHARED:
+        print(f"--compile-only must be one of {sorted(MAX_SHARED)}, got {sm}; pick the GPU's compute capability",
+              file=sys.stderr)
+        return 2
     # Not through attn_lib.flash.load_kernel: without a GPU it would pick the interpreter; the
-    # __main__ block set TRITON_INTERPRET=0, so this import builds compilable kernels.
-    kernel = importlib.import_module("attn_lib.flash_triton")
-    backward = importlib.import_module("attn_lib.flash_triton_backward")
-    config = importlib.import_module("attn_lib._triton_config")
-    numerics = importlib.import_module("attn_lib._numerics")
-    if type(kernel._attn_fwd).__name__ != "JITFunction":
+    # __main__ block set TRITON_INTERPRET=0, so these imports build compilable kernels.
+    if type(importlib.import_module("attn_lib.flash_triton")._attn_fwd).__name__ != "JITFunction":
         print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM",
               file=sys.stderr)
         return 2
-    target = GPUTarget("cuda", sm, 32)
-    kernels = (("fwd", kernel._attn_fwd), ("dkdv", backward._attn_bwd_dkdv), ("dq", backward._attn_bwd_dq))
-    print(f"# sm_{sm}: shared memory per program, first configuration of each kernel (causal, key padding)")
-    for dtype in dtypes:
-        tdtype = getattr(torch, dtype)
-        dot_fp32 = numerics.dot_fp32(tdtype, (sm // 10, sm % 10), False)  # the rule of attn_lib._numerics
+    numerics = importlib.import_module("attn_lib._numerics")
+    B, H, H_kv, N = COMPILE_SHAPE
+    Bd, Hd, Hd_kv, Ld, _ = DECODE_SHAPE
+    print(f"# sm_{sm}: at most {MAX_SHARED[sm]} bytes of shared memory per block; each kernel as attn_lib's launchers "
+          "build it for this GPU, every configuration they try until one fits, compiled without a GPU")
+    print("# " + ("" if decode_only else f"forward and backward: causal, key padding, B={B} H={H} H_kv={H_kv} L=S={N}; ")
+          + f"decode: B={Bd} H={Hd} H_kv={Hd_kv} L={Ld} S={COMPILE_DECODE_KEYS}, {COMPILE_DECODE_SPLITS} splits")
+    failed = []
+    for dtype_name in dtypes:
+        dot_fp32 = numerics.dot_fp32(getattr(torch, dtype_name), (sm // 10, sm % 10), False)
+        print(f"# {dtype_name}: DOT_FP32={dot_fp32}" + (" (no bf16 tl.dot before sm_80)" if dot_fp32 else ""))
         for D in head_dims:
-            for kind, fn in kernels:
-                cfg = config.candidate_configs(D, D, tdtype, False, kind=kind, capability=(sm // 10, sm % 10))[0]
-                consts = dict(D=D, DV=D, CAUSAL=True, HAS_KPM=True, DOT_FP32=dot_fp32,
-                              INPUT_PRECISION=numerics.dot_input_precision(tdtype, dot_fp32), INT64=False, SPLIT_SCALE=False,
-                              **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV")})
-                src = ASTSource(fn=fn, signature=kernel_signature(fn.arg_names, {"float16": "fp16", "bfloat16": "bf16"}[dtype],
-                                                                  consts),
-                                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-                start = time.time()
-                compiled = triton.compile(src, target=target,
-                                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-                print(f"  {dtype:>8} D={D:<4} {kind:>4} BLOCK_M={cfg['BLOCK_M']:<4} BLOCK_N={cfg['BLOCK_N']:<4} "
-                      f"stages={cfg['num_stages']} warps={cfg['num_warps']}: {compiled.metadata.shared:>6} bytes "
-                      f"({time.time() - start:.0f} s to compile)", flush=True)
-    return 0
+            log = []
+            for what in compile_launches(sm, dtype_name, D, log, decode_only):
+                failed.append(f"{dtype_name} D={D} {what}")
+            for r in log:
+                print(_compiled_line(dtype_name, D, r), flush=True)
+    for what in failed:
+        print(f"# no configuration of the {what} launcher fits sm_{sm}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def case17_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
@@ -780,58 +860,10 @@ def _run_decode(args, argv, torch) -> int:
 
 
 
-def decode_signature(arg_names, dtype_name: str, constexprs: dict) -> dict:
-    """解码两个核函数的参数类型：Q、K、V、Out 是输入精度的指针，部分结果是 fp32 指针，Seqlens 是 int32 指针，其余 int32。"""
-    pointers = {"Q": dtype_name, "K": dtype_name, "V": dtype_name, "Out": dtype_name, "OPart": "fp32",
-                "LsePart": "fp32", "Seqlens": "i32"}
-    return {name: "constexpr" if name in constexprs else (f"*{pointers[name]}" if name in pointers else
-                                                            ("fp32" if name == "qk_scale" else "i32"))
-            for name in arg_names}
-
-
-def compile_decode(sm: int, head_dims, dtypes, rows: int = 4) -> int:
-    """Compile the decode kernels for compute capability ``sm`` without a GPU (G·L = ``rows`` query rows per group)."""
-    import importlib
-
-    import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    dec = importlib.import_module("attn_lib._triton_decode")  # TRITON_INTERPRET=0 was set by __main__
-    numerics = importlib.import_module("attn_lib._numerics")
-    if type(dec._decode_split).__name__ != "JITFunction":
-        print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM --decode",
-              file=sys.stderr)
-        return 2
-    target, cap = GPUTarget("cuda", sm, 32), (sm // 10, sm % 10)
-    print(f"# sm_{sm}: decode kernels, shared memory per program, every configuration of the split kernel")
-    for dtype in dtypes:
-        tdtype, tname = getattr(torch, dtype), {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[dtype]
-        fp32 = numerics.dot_fp32(tdtype, cap, False)
-        for D in head_dims:
-            cfgs = dec.decode_configs(rows, D, D, tdtype, False, capability=cap)
-            builds = [(dec._decode_split, cfg, dict(D=D, DV=D, DOT_FP32=fp32, INT64=False, SPLIT_SCALE=False,
-                                                    INPUT_PRECISION=numerics.dot_input_precision(tdtype, fp32),
-                                                    **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D",
-                                                                           "BLOCK_DV")})) for cfg in cfgs]
-            builds.append((dec._decode_merge, dict(num_warps=4, num_stages=1),
-                           dict(DV=D, BLOCK_P=dec.MERGE_BLOCK_P, BLOCK_DV=cfgs[0]["BLOCK_DV"])))
-            for fn, cfg, consts in builds:
-                src = ASTSource(fn=fn, signature=decode_signature(fn.arg_names, tname, consts),
-                                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-                compiled = triton.compile(src, target=target,
-                                          options=dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))
-                what = "merge" if "BLOCK_P" in consts else f"split BLOCK_M={consts['BLOCK_M']} BLOCK_N={consts['BLOCK_N']}"
-                print(f"  {dtype:>8} D={D:<4} {what}: {compiled.metadata.shared:>6} bytes", flush=True)
-    return 0
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.compile_only is not None:
-        run = compile_decode if args.suite == "decode" else compile_only
-        return run(args.compile_only, args.head_dims, args.dtypes)
+        return compile_only(args.compile_only, args.head_dims, args.dtypes, decode_only=args.suite == "decode")
     import torch
 
     if not torch.cuda.is_available():

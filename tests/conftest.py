@@ -40,5 +40,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "slow: takes minutes (nbval reruns, the seed study recomputed; deselect with -m 'not slow')"
+        "markers", "slow: takes minutes (nbval reruns, the seed study recomputed) or over 20 s (the sm_75 bf16 compile of "
+        "every kernel); deselect with -m 'not slow'"
     )

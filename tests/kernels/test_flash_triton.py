@@ -516,11 +516,7 @@ def test_gpu_benchmark_without_gpu():
     assert body[1][5] == "triton" and body[1][8] == "0.95"
     assert body[2][5] == "naive" and body[2][6] == "OOM"
     assert body[4][5] == "triton" and body[4][8] == "0.75"
-    sig = bench.kernel_signature(["Q", "KPM", "LSE", "Delta", "stride_qb", "H", "qk_scale", "HZ_START", "D", "CAUSAL"],
-                                 "bf16", {"D": 64, "CAUSAL": True})
-    assert sig == {"Q": "*bf16", "KPM": "*i8", "LSE": "*fp32", "Delta": "*fp32", "stride_qb": "i32", "H": "i32",
-                   "qk_scale": "fp32", "HZ_START": "i32", "D": "constexpr", "CAUSAL": "constexpr"}
-    assert bench.parse_args(["--compile-only", "75"]).compile_only == 75
+    assert bench.parse_args(["--compile-only", "75"]).compile_only == 75  # the compile itself: test_bench_gpu_compile.py
     res = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "--passes" in res.stdout and "fwd_bwd" in res.stdout
     if not torch.cuda.is_available():

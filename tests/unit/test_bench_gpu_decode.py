@@ -130,15 +130,6 @@ def test_decode_suite_without_gpu_exits_with_the_message():
         assert res.returncode == 2 and "needs a CUDA GPU" in res.stderr
 
 
-def test_decode_signature_for_compile_only():
-    names = ["Q", "K", "V", "Seqlens", "OPart", "LsePart", "stride_qb", "H_kv", "G", "L", "qk_scale", "D", "BLOCK_M"]
-    sig = gpu.decode_signature(names, "bf16", {"D": 128, "BLOCK_M": 16})
-    assert sig == {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Seqlens": "*i32", "OPart": "*fp32", "LsePart": "*fp32",
-                   "stride_qb": "i32", "H_kv": "i32", "G": "i32", "L": "i32", "qk_scale": "fp32", "D": "constexpr",
-                   "BLOCK_M": "constexpr"}
-    assert gpu.decode_signature(["Out", "P"], "fp16", {})["Out"] == "*fp16"
-
-
 def test_one_case_of_the_suite_with_a_stand_in_timer(monkeypatch):
     # bench_decode_case on CPU under the interpreter, a small shape, the timer replaced: 0.5 ms for each call.
     attn_lib.device.triton_interprets()
