@@ -69,11 +69,8 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
     row_ok = rows < G * L
     offs_n = tl.arange(0, BLOCK_N)
     if INT64:  # an offset inside one head may reach 2**31
-        offs_g = offs_g.to(tl.int64)
-        offs_i = offs_i.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
+        offs_g, offs_i, offs_n = offs_g.to(tl.int64), offs_i.to(tl.int64), offs_n.to(tl.int64)
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     q_rows = Q + off_b * stride_qb + off_hkv * G * stride_qh + offs_g * stride_qh + offs_i * stride_qm  # (BLOCK_M,)
     q = tl.load(q_rows[:, None] + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & (offs_d[None, :] < D),
                 other=0.0)  # (BLOCK_M, BLOCK_D): the G heads' L queries, loaded once
@@ -86,8 +83,7 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
     lo = split * keys_per_split
     hi = tl.maximum(tl.minimum(lo + keys_per_split, n_b), lo)
     full = tl.minimum(tl.maximum((tl.maximum(n_b - L + 1, 0) // BLOCK_N) * BLOCK_N, lo), hi)
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    k_base, v_base = K + off_b * stride_kb + off_hkv * stride_kh, V + off_b * stride_vb + off_hkv * stride_vh
     acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
                                     stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
                                     offs_i, offs_n, offs_d, offs_dv, lo, full, n_b, qk_scale, 0, n_b - L,  #
