@@ -104,7 +104,7 @@ class StepCost:
         return self.flops / self.bytes
 
     def seconds(self, gpu: GpuSpec) -> tuple[float, float]:
-        """在 gpu 的峰值下的两个下限：(只算读写显存要几秒, 只算浮点运算要几秒)；实际至少是较大的那个。"""
+        """在 gpu 的峰值下的两个下限：（只算读写显存要几秒，只算浮点运算要几秒）；实际至少是较大的那个。"""
         if not isinstance(gpu, GpuSpec):
             raise TypeError(f"gpu must be a GpuSpec, got {type(gpu).__name__}; take one from "
                             "attn_lib.decode_cost.GPUS, e.g. GPUS['H100 SXM']")

@@ -81,7 +81,7 @@ def draw_busy_units(num_units: int, busy: tuple, labels: tuple, *, per_row: int 
     if not 1 <= len(busy) <= 3 or len(labels) != len(busy) or not all(
             isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in busy):
         raise ValueError(f"busy must be 1..3 ints >= 0 with one label each, got busy={busy!r}, labels={labels!r}; "
-                         "e.g. busy=(8, 128), labels=('不拆分', '拆成 16 段')")
+                         "e.g. busy=(8, 128) and two labels")
     import matplotlib.pyplot as plt
 
     lines = -(-num_units // per_row)
