@@ -38,12 +38,12 @@ register(Exercise(
 
 register(Exercise(
     id="13-4",
-    question="H100 SXM 有 132 个计算单元（SM）。一次解码步 B = 1、8 个键值头，拆分 KV 的每个程序实例算一个键值头的一段缓存。"
-             "至少要把缓存切成几段，程序实例才不少于 132 个？",
-    answer=math.ceil(132 / 8),  # 8 * 17 = 136 >= 132 > 8 * 16 = 128
-    hint="程序实例的个数 = B × 键值头数 × 段数；找最小的段数让它不少于 132。",
+    question="A100 有 108 个计算单元（SM，第 08 章引的 FlashAttention 论文）。一次解码步 B = 1、8 个键值头，拆分 KV 的每个程序实例"
+             "算一个键值头的一段缓存。至少要把缓存切成几段，程序实例才不少于 108 个？",
+    answer=math.ceil(108 / 8),  # 8 * 14 = 112 >= 108 > 8 * 13 = 104
+    hint="程序实例的个数 = B × 键值头数 × 段数；找最小的段数让它不少于 108。",
     atol=0.0,
-    wrong_example=132 // 8,  # 16 splits: 128 instances, 4 units still idle
+    wrong_example=108 // 8,  # 13 splits: 104 instances, 4 units still idle
 ))
 
 
