@@ -16,6 +16,7 @@ if tuple(int(p) for p in _re.findall(r"\d+", _torch.__version__)[:2]) < tuple(in
                       f"run pip install -U \"torch>={TORCH_MIN}\" and restart the kernel")
 from . import io_model, it_data, numpy_ref, tiny_model, worked_example
 from ._dispatch import BACKENDS
+from .decoding import flash_decoding, merge_partials
 from .device import cuda_available, default_device, try_gpu
 from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
 from .flash_torch import flash_attention_torch
@@ -98,4 +99,7 @@ __all__ = [
     "KVCache",
     "it_data",
     "tiny_model",
+    # 第 13 章 生成与解码：一步解码的 FlashDecoding（键轴切段、log-sum-exp 合并）
+    "flash_decoding",
+    "merge_partials",
 ]

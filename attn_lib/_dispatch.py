@@ -17,18 +17,32 @@ meaning, -1 unbounded) adds ``i + causal_offset - left <= j <= i + causal_offset
 k and v may have H_kv heads, H_kv dividing H (grouped-query attention, GQA; MQA is H_kv = 1):
 query head h uses key/value head h // (H / H_kv), as SDPA's ``enable_gqa``; no path here
 repeats K or V.
+
+KV-cache decode steps (``attend(..., decode=True)``, what ``MultiHeadAttention`` passes with a
+``kv_cache``) go through chapter 13's ``attn_lib.decoding`` (FlashDecoding) whenever it computes
+exactly what was asked (``decode_backend`` says when): a few queries (at most
+``MAX_DECODE_QUERIES``), no mask, no scores, the queries the last L of the keys (causal, or one
+query), and a window only for one query whose band holds every key (a rolling cache keeps only
+the last ``left`` positions, so after a decode step's append every stored key is in the window).
+The layer's ``"auto"`` / ``"sdpa"`` / ``"torch"`` take its tiled torch path on a CPU; on a CUDA
+device ``"torch"`` takes it, ``"auto"`` the Triton decode kernels and ``"sdpa"`` keeps torch's fused
+kernel; ``"triton"`` takes the Triton decode kernels; ``"reference"`` stays the reference.
 """
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 import torch.nn.functional as F
 
+from . import decoding as _decoding
 from . import flash as _flash
 from ._band import NO_WINDOW, band, band_mask
 from ._numerics import overflow_error, work_dtype
 from .reference import _attention_core
 
 BACKENDS = ("auto", "reference", "sdpa", "torch", "triton")
+MAX_DECODE_QUERIES = 16  # more new queries than this are a prefill: the forward paths parallelise over queries
 
 
 def layer_mask(mask):
@@ -49,8 +63,42 @@ def _with_band(mask, keep):
     return mask.masked_fill(~keep, float("-inf"))  # broadcast(mask) -> (..,L,S), hidden -> -inf
 
 
+def _triton_decode_ready() -> bool:
+    """Triton is installed and the decode kernels (attn_lib._triton_decode) exist (only looked up, not imported)."""
+    return _flash.triton_available() and importlib.util.find_spec("attn_lib._triton_decode") is not None
+
+
+def decode_backend(q, k, mask, *, is_causal: bool, causal_offset: int, window_size, need_weights: bool,
+                   backend: str):
+    """这一步能否交给 flash_decoding（结果与层要算的完全相同）：能就返回 "torch" 或 "triton"，不能返回 None。
+
+    flash_decoding's rule is: query i sees key j iff ``j <= S - L + i``. That is the layer's band
+    when the L queries are the last L positions (``causal_offset == S - L``) and either the layer
+    is causal, or L == 1 (one query sees every key); a window changes nothing only for L == 1 with
+    ``lo <= 0`` and ``hi >= S - 1`` (every stored key inside it). flash_decoding is forward only:
+    a step that autograd must follow (grad mode on, q or k requiring grad) keeps the layer's path.
+    """
+    L, S = q.shape[2], k.shape[2]
+    if need_weights or mask is not None or backend == "reference" or q.numel() == 0:
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):  # forward only: autograd keeps its path
+        return None
+    if not 1 <= L <= MAX_DECODE_QUERIES or causal_offset != S - L or not (is_causal or L == 1):
+        return None
+    if tuple(window_size) != NO_WINDOW:
+        lo, hi = band(is_causal, window_size, causal_offset)
+        if L != 1 or (lo is not None and lo > 0) or (hi is not None and hi < S - 1):
+            return None
+    if backend == "triton":
+        return "triton" if _triton_decode_ready() else None  # until the kernels exist: the layer's forward kernel
+    if q.is_cuda and backend != "torch":  # on a GPU "sdpa" keeps torch's fused kernel; "auto" takes the Triton ones
+        fits = q.dtype != torch.float64 and max(q.shape[-1], k.shape[-1]) <= 256
+        return "triton" if backend == "auto" and fits and _triton_decode_ready() else None
+    return "torch"  # a CPU (any device but CUDA): "auto", "sdpa" and "torch" take the tiled torch decode path
+
+
 def attend(q, k, v, mask, *, is_causal: bool, scale: float, need_weights: bool, backend: str, check_finite: bool,
-           causal_offset: int = 0, window_size=NO_WINDOW):
+           causal_offset: int = 0, window_size=NO_WINDOW, decode: bool = False):
     """层内部用的注意力（输入已检查过）：返回（输出 (B, H, L, Dv)，分数 (B, H, L, S) 或 None）。
 
     Args:
@@ -63,8 +111,17 @@ def attend(q, k, v, mask, *, is_causal: bool, scale: float, need_weights: bool, 
         backend: a name from ``BACKENDS``.
         check_finite: raise the overflow error when a score overflows (the inputs were
             scanned for nan / inf at the door).
+        decode: a KV-cache step (k, v: the cached keys and the new ones): use
+            ``attn_lib.decoding`` where ``decode_backend`` allows it.
     """
     window_size = tuple(window_size)
+    if decode:
+        which = decode_backend(q, k, mask, is_causal=is_causal, causal_offset=causal_offset, window_size=window_size,
+                               need_weights=need_weights, backend=backend)
+        if which is not None:
+            out = _decoding._decode_unchecked(q, k, v, seqlens=None, num_splits=None, scale=scale, backend=which,
+                                              check_overflow=check_finite)  # (B,H,L,Dv)
+            return out, None
     if backend == "auto":
         backend = "reference" if need_weights else "sdpa"
     if backend == "reference" or q.numel() == 0 or k.shape[2] == 0:

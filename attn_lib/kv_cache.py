@@ -17,6 +17,8 @@ leaves the cache as it was. The first layer that uses a cache owns it; another l
 refused (its keys would be mixed with the first layer's) until ``reset()``.
 Per step the work is one query against S keys and the cache holds 2·B·H·S·D numbers: both grow
 linearly with the position; over N steps the total work grows as N².
+The layer's attention over the cache in such a step is chapter 13's split-KV decode path
+(``attn_lib.decoding``, FlashDecoding) wherever that computes the same (``attn_lib._dispatch``).
 
 Grouped-query attention (GQA, ``MultiHeadAttention(num_kv_heads=H_kv)``): the cache stores the
 H_kv shared key/value heads, not H: 2·B·H_kv·S·D numbers, H / H_kv times fewer.

@@ -19,7 +19,9 @@ sliding window, query i sees keys i - left .. i + right (right 0 or -1 with ``is
 
 Each forward checks its inputs once, at the door (``attn_lib._validate.layers``), and then
 runs unchecked code: the projections and the head split below, and
-``attn_lib._dispatch.attend``, the attention on the layer's backend (``attn_lib.BACKENDS``).
+``attn_lib._dispatch.attend``, the attention on the layer's backend (``attn_lib.BACKENDS``); a
+KV-cache decode step goes through chapter 13's ``attn_lib.decoding`` (FlashDecoding) where that
+computes exactly the same (``attn_lib._dispatch.decode_backend``).
 """
 from __future__ import annotations
 
@@ -173,7 +175,9 @@ class MultiHeadAttention(nn.Module):
                 forward over the sequence so far). A sliding-window layer's cache keeps only the
                 last ``left`` positions (``KVCache.seen`` counts all). ``mask`` then covers the
                 ``len(kv_cache) + S`` keys attended, the stored ones and the new ones: absolute
-                positions ``kv_cache.start`` .. ``kv_cache.seen + S - 1``.
+                positions ``kv_cache.start`` .. ``kv_cache.seen + S - 1``. A step of at most 16 new
+                queries with no mask and no scores (causal, or one query; with a window, one
+                query) runs ``attn_lib.flash_decoding``'s core: the split-KV decode path.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
@@ -191,8 +195,8 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache._joined(k, v)  # (B,H_kv,stored,D) + (B,H_kv,S,D) -> (B,H_kv,stored+S,D), same for v
         out, scores = attend(q, k, v, layer_mask(mask), is_causal=self.is_causal, causal_offset=stored,
                              window_size=self.window_size, scale=resolve_scale(None, self.head_dim),
-                             need_weights=need_weights, backend=self.backend,
-                             check_finite=self.check_finite)  # (B,H,L,D), (B,H,L,S) or None
+                             need_weights=need_weights, backend=self.backend, check_finite=self.check_finite,
+                             decode=kv_cache is not None)  # (B,H,L,D), (B,H,L,S) or None
         if kv_cache is not None:  # only now: a call that raised left the cache as it was
             kv_cache._store(k, v, owner=self, new=query.shape[1], keep=self.window_size[0])
         out = self.out_proj(_merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)

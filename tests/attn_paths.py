@@ -197,6 +197,22 @@ def _triton(q, k, v, mask, causal, scale, **blocks):
     return attn_lib.flash_attention_triton(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask, **blocks)
 
 
+def _decoding(q, k, v, mask, causal, scale):
+    """flash_decoding behind the common convention: each query as a one-query decode step of its own batch
+    entry (queries folded into the batch), with cache_seqlens = i + 1 (top-left causal) or S (no rule):
+    so every case exercises ragged cache lengths, 0 and S_max included."""
+    B, H, L, D = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    if S == 0:  # one all-zero key that no entry uses (n = 0): the step gives zeros, as a row that sees nothing
+        k, v = k.new_zeros(B, k.shape[1], 1, D), v.new_zeros(B, v.shape[1], 1, Dv)
+    seen = [min(i + 1, S) if causal else S for i in range(L)] * B  # (B*L,) keys of query i
+    q1 = q.transpose(1, 2).reshape(B * L, H, 1, D)  # (B,H,L,D) -> (B*L,H,1,D)
+    k1, v1 = k.repeat_interleave(L, 0), v.repeat_interleave(L, 0)  # (B*L,H,S,D): the oracle's copy, not the path's
+    out = attn_lib.flash_decoding(q1, k1, v1, cache_seqlens=torch.tensor(seen, dtype=torch.long), scale=scale,
+                                  backend="torch")  # (B*L,H,1,Dv)
+    return out.reshape(B, L, H, Dv).transpose(1, 2)  # (B*L,H,1,Dv) -> (B,H,L,Dv)
+
+
 PATHS: dict[str, Path] = {
     "torch_reference": Path("torch_reference", _torch_reference,
                             ("float64", "float32", "float16", "bfloat16"), ("none", "bool", "additive")),
@@ -214,6 +230,9 @@ PATHS: dict[str, Path] = {
         "triton_interpreter", lambda *a, **kw: _triton(*a, **kw)[0], ("float32", "float16", "bfloat16"),
         ("none", "key_padding"), max_len=34, max_d=9, blocks=st.sampled_from([None, 16, 32]), with_lse=_triton,
         notes="Triton kernel under the interpreter: small L, S, D", requires="triton"),
+    "flash_decoding": Path(
+        "flash_decoding", _decoding, ("float64", "float32", "float16", "bfloat16"), ("none",), max_len=40,
+        notes="chapter 13's split-KV decode step, one query per step (ragged cache_seqlens), the torch path"),
 }
 
 

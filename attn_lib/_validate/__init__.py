@@ -18,7 +18,9 @@ below the door checks again. The helpers live in four small modules:
 - ``values``: flags, sizes, the scale, choices, axes, the sliding window;
 - ``shapes``: ranks, the (B, H, L, D) shapes of q, k, v (and the GQA head rule), dtypes, devices, mask shapes;
 - ``tensors``: tensor and array types, nan / inf scans, the attention inputs as a whole;
-- ``flash``: what the tiled and Triton paths add (key padding masks, saved tensors, blocks).
+- ``flash``: what the tiled and Triton paths add (key padding masks, saved tensors, blocks);
+- ``decoding`` (chapter 13, imported from there): a decode step's ``cache_seqlens``, ``num_splits``,
+  query count, and ``merge_partials``' inputs.
 """
 from __future__ import annotations
 

@@ -89,6 +89,8 @@ AUTOGRAD = {
     "euclidean_distance": (lambda: (_r(3, 4), _r(5, 4, seed=1)), lambda Q, K: attn_lib.euclidean_distance(Q, K),
                            lambda Q, K: torch.cdist(Q, K)),
     "apply_rotary": (lambda: (_r(2, 2, 5, 6),), lambda x: attn_lib.apply_rotary(x), _rope_reference),
+    "merge_partials": (lambda: (_r(3, 4, 2), _r(3, 4, seed=1)), lambda o, l: attn_lib.merge_partials(o, l)[0],
+                       lambda o, l: (torch.softmax(l, -1)[..., None] * o).sum(-2)),
     "soft_lookup": (lambda: (torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64, requires_grad=True), _r(3, 2)),
                     lambda w, v: attn_lib.soft_lookup(w, v), lambda w, v: w @ v),
 }
@@ -121,7 +123,8 @@ NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tol
 # tests/kernels/test_flash_triton_backward.py).
 OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
                    "flash_attention_torch_backward", "flash_attention_triton_backward",  # compute gradients
-                   "KVCache"}  # a container for generation: tests/unit/test_positions_cache.py
+                   "KVCache",  # a container for generation: tests/unit/test_positions_cache.py
+                   "flash_decoding"}  # forward only, refuses requires_grad: tests/kernels/test_flash_decoding.py
 
 
 def _public_callables() -> set[str]:

@@ -878,6 +878,31 @@ ROWS += [
      r'^align must be "top-left" or "bottom-right", got \'bottom\'$'),
 ]
 
+# --- chapter 13: the decode step (every check of flash_decoding and merge_partials, with its exact type
+# and key words, is in tests/kernels/test_flash_decoding.py; these rows register the two exports here)
+_QD, _KD = t(1, 2, 1, 4), t(1, 2, 5, 4)
+ROWS += [
+    ("flash_decoding: H not divisible by H_kv", lambda: attn_lib.flash_decoding(t(1, 6, 1, 4), t(1, 4, 5, 4), t(1, 4, 5, 4),
+                                                                                enable_gqa=True),
+     ValueError, NOT_DIVIDING),
+    ("flash_decoding: cache_seqlens beyond S_max", lambda: attn_lib.flash_decoding(_QD, _KD, _KD,
+                                                                                   cache_seqlens=torch.tensor([6])),
+     ValueError, r"^cache_seqlens must hold lengths in 0 \.\. S_max = 5 "),
+    ("flash_decoding: cache_seqlens float", lambda: attn_lib.flash_decoding(_QD, _KD, _KD,
+                                                                            cache_seqlens=torch.tensor([5.0])),
+     TypeError, r"^cache_seqlens must be an integer tensor"),
+    ("flash_decoding: num_splits 0", lambda: attn_lib.flash_decoding(_QD, _KD, _KD, num_splits=0), ValueError,
+     r"^num_splits must be a positive int, got 0$"),
+    ("flash_decoding: more queries than the cache", lambda: attn_lib.flash_decoding(t(1, 2, 6, 4), _KD, _KD),
+     ValueError, r"^q must have at most S_max=5 queries"),
+    ("flash_decoding: inputs that require grad", lambda: attn_lib.flash_decoding(_QD.clone().requires_grad_(), _KD, _KD),
+     ValueError, r"^flash_decoding is forward-only"),
+    ("merge_partials: shapes do not fit", lambda: attn_lib.merge_partials(t(2, 3, 4), t(2, 4)), ValueError,
+     r"^outs must have shape \(\.\.\., P, Dv\) with lses of shape \(\.\.\., P\)"),
+    ("merge_partials: nan in lses", lambda: attn_lib.merge_partials(t(2, 3), torch.tensor([0.0, float("nan")])),
+     ValueError, r"^lses must be finite or -inf"),
+]
+
 
 # --- the layers: shared key/value heads and sliding windows ---------
 # (the window wording is the shared check_window_size's: the layers say what attention and

@@ -9,7 +9,7 @@ import attn_paths
 def test_registry_is_unconditional():
     """Every path and layer is registered whatever is installed; a dropped export fails at import."""
     assert set(attn_paths.PATHS) == {"torch_reference", "numpy_reference", "tiled_cpu_flash", "flash_attention",
-                                     "triton_interpreter"}
+                                     "triton_interpreter", "flash_decoding"}
     assert set(attn_paths.MODULES) == {"multihead", "multihead_reference", "multihead_looped", "self_attention"}
 
 
