@@ -14,12 +14,13 @@ TORCH_MIN = "2.5"  # what the book prints needs it (see pyproject.toml's depende
 if tuple(int(p) for p in _re.findall(r"\d+", _torch.__version__)[:2]) < tuple(int(p) for p in TORCH_MIN.split(".")):
     raise ImportError(f"torch must be version {TORCH_MIN} or newer for attn_lib, got {_torch.__version__}; "
                       f"run pip install -U \"torch>={TORCH_MIN}\" and restart the kernel")
-from . import io_model, it_data, numpy_ref, tiny_model, worked_example
+from . import io_model, it_data, lm_data, numpy_ref, tiny_lm, tiny_model, worked_example
 from ._dispatch import BACKENDS
 from .decoding import flash_decoding, merge_partials
 from .device import cuda_available, default_device, try_gpu
 from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
 from .flash_torch import flash_attention_torch
+from .generation import generate
 from .flash_torch_backward import flash_attention_torch_backward
 from .naive import naive_attention
 from .kv_cache import KVCache
@@ -102,4 +103,8 @@ __all__ = [
     # 第 13 章 生成与解码：一步解码的 FlashDecoding（键轴切段、log-sum-exp 合并）
     "flash_decoding",
     "merge_partials",
+    # 第 13 章 一个会写字的小模型：语料、小语言模型、带 KV 缓存的逐字生成
+    "lm_data",
+    "tiny_lm",
+    "generate",
 ]

@@ -113,6 +113,7 @@ NOT_DIFFERENTIABLE = {
     "assert_close": "a test helper, returns None",
     "count_parameters": "returns an int",
     "sinusoidal_positions": "builds a table from sizes",
+    "generate": "returns integer token ids, under torch.no_grad (the model trains with tiny_lm.train_lm)",
 }
 
 # Exported callables without tensor inputs.
@@ -186,10 +187,11 @@ def test_non_differentiable_outputs_say_so(name):
         "assert_close": lambda: attn_lib.assert_close(x.detach()[:1], torch.zeros(1)),
         "count_parameters": lambda: attn_lib.count_parameters(attn_lib.SelfAttention(2)),
         "sinusoidal_positions": lambda: attn_lib.sinusoidal_positions(4, 6),
+        "generate": lambda: attn_lib.generate(attn_lib.tiny_lm.build_lm(), torch.tensor([[1, 2]]), 2),
     }
     out = calls[name]()
     if isinstance(out, torch.Tensor):
         assert not out.requires_grad  # built from sizes or a bool mask, or a bool result
-        assert out.dtype == torch.bool or name in ("bool_to_additive", "sinusoidal_positions")
+        assert out.dtype == torch.bool or name in ("bool_to_additive", "sinusoidal_positions", "generate")
     else:
         assert out is None or isinstance(out, int)

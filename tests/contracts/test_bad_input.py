@@ -553,6 +553,116 @@ ROWS += [
 ]
 
 
+# --- chapter 13: the LM corpus, the tiny language model, generate --------------------------------
+def _lm():
+    return attn_lib.tiny_lm.build_lm(seed=0)
+
+
+def _lm_ids(*tokens):
+    return torch.tensor([attn_lib.lm_data.encode_tokens(["<bos>", *tokens])])  # (1,L)
+
+
+def _caches_of_two_lengths():
+    model, caches = _lm(), [KVCache(), KVCache()]
+    with torch.no_grad():
+        model(_lm_ids("桌上"), caches)
+    caches[1].reset()
+    return lambda: model(_lm_ids(), caches)
+
+
+def _foreign_cache():
+    model, other, foreign = _lm(), _lm(), KVCache()
+    with torch.no_grad():
+        other(_lm_ids(), [foreign, KVCache()])
+    return lambda: model(_lm_ids(), [foreign, KVCache()])
+
+
+def _gen(*args, **kw):
+    model = kw.pop("model", None)
+    return lambda: attn_lib.generate(_lm() if model is None else model, *args, **kw)
+
+
+_LM_PROMPT = torch.tensor([[1, 2, 3]])
+
+ROWS += [
+    ("generate: model not a TinyLM", _gen(_LM_PROMPT, 3, model=MultiHeadAttention(4, 2)), TypeError,
+     r"^model must be an attn_lib\.tiny_lm\.TinyLM, got MultiHeadAttention; build one with tiny_lm\.build_lm\(\)$"),
+    ("generate: prompt a list", _gen([[1, 2]], 3), TypeError,
+     r"^prompt_ids must be a torch\.Tensor of shape \(B, L\), got list; "
+     r"e\.g\. torch\.tensor\(\[lm_data\.encode_tokens\(tokens\)\]\)$"),
+    ("generate: float prompt", _gen(torch.zeros(1, 3), 3), TypeError,
+     r"^prompt_ids must hold integers, got dtype torch\.float32; convert with prompt_ids\.long\(\)$"),
+    ("generate: 3-D prompt", _gen(torch.zeros(1, 1, 3, dtype=torch.int64), 3), ValueError,
+     r"^prompt_ids must be 2-D \(B, L\), got 3-D with shape \(1, 1, 3\)\.$"),
+    ("generate: empty prompt", _gen(torch.zeros(2, 0, dtype=torch.int64), 3), ValueError,
+     r"^prompt_ids must hold at least 1 token\(s\) per sequence, got shape \(2, 0\); start the prompt with "
+     r"lm_data\.BOS_ID$"),
+    ("generate: a token beyond the vocabulary", _gen(torch.tensor([[1, 500]]), 3), ValueError,
+     r"^prompt_ids must be token ids in 0\.\.73 \(the model's vocabulary\), got 500; "
+     r"encode words with lm_data\.encode_tokens$"),
+    ("generate: a negative token", _gen(torch.tensor([[1, -1]]), 3), ValueError, r"got -1; encode words"),
+    ("generate: max_new_tokens -1", _gen(_LM_PROMPT, -1), ValueError, r"^max_new_tokens must be an int >= 0, got -1$"),
+    ("generate: max_new_tokens float", _gen(_LM_PROMPT, 2.0), TypeError,
+     r"^max_new_tokens must be an int >= 0, got 2\.0 \(float\); use int\(2\.0\)$"),
+    ("generate: kv_cache a string", _gen(_LM_PROMPT, 2, kv_cache="yes"), TypeError,
+     r"^kv_cache must be True or False, got 'yes'$"),
+    ("generate: temperature a string", _gen(_LM_PROMPT, 2, temperature="hot"), TypeError,
+     r"^temperature must be a number >= 0 \(0 = greedy\), got 'hot' \(str\)$"),
+    ("generate: temperature negative", _gen(_LM_PROMPT, 2, temperature=-0.5), ValueError,
+     r"^temperature must be finite and >= 0 \(0 = greedy\), got -0\.5$"),
+    ("generate: temperature nan", _gen(_LM_PROMPT, 2, temperature=float("nan")), ValueError,
+     r"^temperature must be finite and >= 0 \(0 = greedy\), got nan$"),
+    ("generate: generator a seed", _gen(_LM_PROMPT, 2, temperature=1.0, generator=0), TypeError,
+     r"^generator must be a torch\.Generator or None, got int; e\.g\. generator=torch\.Generator\(\)\.manual_seed\(0\)$"),
+    ("generate: trace a dict", _gen(_LM_PROMPT, 2, trace={}), TypeError, r"^trace must be a list or None, got dict; e\.g\. trace=\[\]$"),
+    ("tiny_lm.TinyLM: ids a list", lambda: _lm()([[1, 2]]), TypeError,
+     r"^ids must be a torch\.Tensor of shape \(B, L\), got list; e\.g\. torch\.tensor"),
+    ("tiny_lm.TinyLM: ids 1-D", lambda: _lm()(torch.tensor([1, 2])), ValueError, r"^ids must be 2-D \(B, L\), got 1-D"),
+    ("tiny_lm.TinyLM: kv_caches one KVCache", lambda: _lm()(_LM_PROMPT, KVCache()), TypeError,
+     r"^kv_caches must be a list of 2 attn_lib\.KVCache \(one per block\) or None, got KVCache; "
+     r"e\.g\. kv_caches=\[KVCache\(\) for _ in model\.blocks\]$"),
+    ("tiny_lm.TinyLM: one cache for both blocks", lambda: (lambda c: _lm()(_LM_PROMPT, [c, c]))(KVCache()), ValueError,
+     r"^kv_caches must be 2 distinct attn_lib\.KVCache, one per block, got 2 with 1 distinct; "),
+    ("tiny_lm.TinyLM: three caches for two blocks", lambda: _lm()(_LM_PROMPT, [KVCache() for _ in range(3)]), ValueError,
+     r"^kv_caches must be 2 distinct attn_lib\.KVCache, one per block, got 3 with 3 distinct; "),
+    ("tiny_lm.TinyLM: a cache that is not a KVCache", lambda: _lm()(_LM_PROMPT, [KVCache(), {}]), TypeError,
+     r"^kv_cache must be an attn_lib\.KVCache or None, got dict$"),
+    ("tiny_lm.TinyLM: a cache of another model", _foreign_cache(), ValueError, r"^kv_cache already serves another layer"),
+    ("tiny_lm.TinyLM: caches of two lengths", _caches_of_two_lengths(), ValueError,
+     r"^kv_caches must all hold the same positions \(one sequence, one cache per block\), got seen=\[0, 2\]; "
+     r"reset them all before a new sequence$"),
+    ("tiny_lm.TinyLM: odd head dim", lambda: attn_lib.tiny_lm.TinyLM(10, d_model=12, num_heads=4), ValueError,
+     r"head dim D = d_model / num_heads must be even for rotary positions.*D=3"),
+    ("tiny_lm.TinyLM: vocab_size 0", lambda: attn_lib.tiny_lm.TinyLM(0), ValueError, r"^vocab_size must be a positive int, got 0$"),
+    ("tiny_lm.train_lm: lr 0", lambda: attn_lib.tiny_lm.train_lm(_lm(), {}, lr=0.0), ValueError, r"^lr must be finite and > 0, got 0\.0$"),
+    ("tiny_lm.completion_rate: no prompts", lambda: attn_lib.tiny_lm.completion_rate(_lm(), []), ValueError,
+     r"^prompts must be a non-empty list of lm_data\.Prompt, got \[\]; use lm_data\.completion_prompts\(\)$"),
+    ("tiny_lm.completion_rate: prompts as strings", lambda: attn_lib.tiny_lm.completion_rate(_lm(), ["桌上有水"]),
+     TypeError, r"^prompts must hold lm_data\.Prompt, got str; use lm_data\.completion_prompts\(\)$"),
+    ("tiny_lm.verb_step_attention: a word not in the vocabulary", lambda: attn_lib.tiny_lm.verb_step_attention(
+        _lm(), ["<bos>", "桌子"]), ValueError, r"^tokens must be words of lm_data\.VOCAB, got '桌子'; split the text"),
+    ("lm_data.make_split: unknown split", lambda: attn_lib.lm_data.make_split("dev", 3), ValueError,
+     r'^split must be "train" or "test", got \'dev\'$'),
+    ("lm_data.completion_prompts: n 0", lambda: attn_lib.lm_data.completion_prompts("test", 0), ValueError,
+     r"^n must be a positive int, got 0$"),
+    ("lm_data.decode: an id beyond the vocabulary", lambda: attn_lib.lm_data.decode([1, 74]), ValueError,
+     r"^ids must be token ids in 0\.\.73, got 74$"),
+    ("lm_data.tokenize: a word not in the vocabulary", lambda: attn_lib.lm_data.tokenize("桌上有猫"), ValueError,
+     r"^text must be made of the words of lm_data\.VOCAB, got '猫' at character 3; "
+     r"e\.g\. lm_data\.make_split\('train', 1\)\[0\]\.text$"),
+    ("lm_data.tokenize: the <bos> token spelled out", lambda: attn_lib.lm_data.tokenize("<bos>桌上"), ValueError,
+     r"^text must be made of the words of lm_data\.VOCAB, got '<bos>桌上' at character 0"),
+    ("lm_data.tokenize: not a str", lambda: attn_lib.lm_data.tokenize(["桌上"]), TypeError, r"^text must be a str, got list$"),
+    ("lm_data.encode_text: a word not in the vocabulary", lambda: attn_lib.lm_data.encode_text("桌上有狗"), ValueError,
+     r"^text must be made of the words of lm_data\.VOCAB, got '狗' at character 3"),
+    ("lm_data.encode: no sentences", lambda: attn_lib.lm_data.encode([]), ValueError, r"^sentences is empty$"),
+    ("lm_data.fits: not an object", lambda: attn_lib.lm_data.fits("打翻", ("水", "桌上")), ValueError,
+     r"^objects must be objects of it_data\.OBJECTS, got '桌上'$"),
+    ("lm_data.bigram_after: a token that never occurs", lambda: attn_lib.lm_data.bigram_after(
+        attn_lib.lm_data.make_split("train", 5), "<pad>"), ValueError, r"^token must occur in the sentences, got '<pad>'$"),
+]
+
+
 # --- messages pinned whole: the argument, the expected layout, what was found, the remedy ---------------
 # (An id must not contain "triton": the mutation run deselects those with -k "not triton"; the
 # Triton rows below raise at the door, before any kernel, so they run without a GPU.)
