@@ -130,14 +130,16 @@ def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     shown = _run([str(python), "-m", "pip", "show", "attn-lib"], cwd=colab_env["tmp"], env=colab_env["env"]).stdout
     assert "Name: attn-lib" in shown and "Editable project location" not in shown
     # The package data a chapter reads (chapter 08's benchmark table) came with the install.
-    data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench, load_cpu_backward_bench; "
-                 "print(len(load_cpu_bench()['results']), len(load_cpu_backward_bench()['results']))"],
+    data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench, load_cpu_backward_bench, "
+                 "load_cpu_decode_bench; print(len(load_cpu_bench()['results']), len(load_cpu_backward_bench()['results']), "
+                 "len(load_cpu_decode_bench()['results']))"],
                 cwd=colab_env["tmp"], env=colab_env["env"]).stdout
     assert all(int(n) > 0 for n in data.split())
 
 
 @pytest.mark.parametrize("shipped_name, measured_name", [("cpu_bench.json", "cpu.json"),
-                                                         ("cpu_backward_bench.json", "cpu_backward.json")])
+                                                         ("cpu_backward_bench.json", "cpu_backward.json"),
+                                                         ("cpu_decode_bench.json", "cpu_decode.json")])
 def test_packaged_benchmark_table_matches_the_measured_one(shipped_name, measured_name):
     shipped = json.loads((ROOT / "attn_lib" / "data" / shipped_name).read_text(encoding="utf-8"))
     measured = json.loads((ROOT / "bench" / "results" / measured_name).read_text(encoding="utf-8"))
