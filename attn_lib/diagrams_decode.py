@@ -54,11 +54,11 @@ def draw_split_kv(num_splits: int = 3):
         _arrow(ax, 1.45, 4.9, 1.95, 4.9)
         ax.text(x0 + width / 2, 5.75, f"KV 缓存：S 个键和值，切成 {P} 段（每段一个程序实例，同时算）",
                 ha="center", va="bottom", fontsize=10)
-        ax.text(0.75, 3.0, "每段各做一遍\nsoftmax：\n段内归一化\n的输出 o 和\n它的 lse", ha="center",
+        ax.text(0.75, 3.0, "每段各做一遍\nSoftmax：\n段内归一化\n的输出 o 和\n它的 lse", ha="center",
                 va="center", fontsize=9)
         _box(ax, 3.2, 0.55, 6.4, 0.95, "合并：m = max lse_p，w_p = exp(lse_p − m)\n"
              "out = Σ w_p·o_p ÷ Σ w_p，lse = m + log Σ w_p", color="#FFF3D6", fontsize=9)
-        ax.text(1.6, 1.02, "结果与一遍\n读完全部相同", ha="center", va="center", fontsize=9)
+        ax.text(1.6, 1.02, "与一遍读完\n整个缓存的\n结果相同", ha="center", va="center", fontsize=9)
         fig.tight_layout()
     return fig
 
