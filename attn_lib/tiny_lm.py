@@ -22,7 +22,7 @@ from . import lm_data
 from ._validate import check_positive_int
 from ._validate.lm import check_caches_fit, check_kv_caches, check_prompts, check_token_ids
 from ._validate.sequences import check_train_args
-from .tiny_model import RotaryMultiHeadAttention
+from .tiny_model import RotaryMultiHeadAttention, adam_steps
 
 
 class RMSNorm(nn.Module):
@@ -156,23 +156,14 @@ def train_lm(model: TinyLM, data: dict, *, steps: int = 300, batch_size: int = 6
         The training loss at every step.
     """
     steps, batch_size, lr = check_train_args(steps, batch_size, lr)
-    g = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    N = data["ids"].shape[0]
-    losses = []
-    model.train()
-    for _ in range(steps):
-        idx = torch.randint(0, N, (batch_size,), generator=g)  # (batch,)
+
+    def loss_of(idx):
         ids = data["ids"][idx, : int(data["lengths"][idx].max())]  # (batch,L)
         logits = model(ids[:, :-1])  # (batch,L-1) -> (batch,L-1,V)
         targets = ids[:, 1:].flatten()  # (batch,L-1) -> (batch·(L-1),): the next token at every position
-        loss = F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=lm_data.PAD_ID)  # (batch·(L-1),V)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
+        return F.cross_entropy(logits.flatten(0, 1), targets, ignore_index=lm_data.PAD_ID)  # (batch·(L-1),V)
+
+    return adam_steps(model, data["ids"].shape[0], loss_of, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
 
 
 @torch.no_grad()

@@ -126,17 +126,28 @@ def train(model: TinyItModel, data: dict, *, steps: int = 200, batch_size: int =
         The training loss (cross-entropy) at every step.
     """
     steps, batch_size, lr = check_train_args(steps, batch_size, lr)
+
+    def loss_of(idx):
+        lengths = data["lengths"][idx]  # (batch,)
+        logits, _ = model(data["ids"][idx, :int(lengths.max())], lengths, data["it_index"][idx])  # (batch,n_objects)
+        return F.cross_entropy(logits, data["target"][idx])
+
+    return adam_steps(model, data["ids"].shape[0], loss_of, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+
+
+def adam_steps(model: nn.Module, n_items: int, loss_of, *, steps: int, batch_size: int, lr: float,
+               seed: int) -> list[float]:
+    """第 10、13 章共用的训练循环（参数已检查过）：每步按种子抽 batch_size 个编号 idx，用 ``loss_of(idx)`` 的损失走一步 Adam。
+
+    Returns the loss of every step; the model is left in eval mode.
+    """
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    N = data["ids"].shape[0]
     losses = []
     model.train()
     for _ in range(steps):
-        idx = torch.randint(0, N, (batch_size,), generator=g)  # (batch,)
-        lengths = data["lengths"][idx]  # (batch,)
-        L = int(lengths.max())
-        logits, _ = model(data["ids"][idx, :L], lengths, data["it_index"][idx])  # (batch,n_objects)
-        loss = F.cross_entropy(logits, data["target"][idx])
+        idx = torch.randint(0, n_items, (batch_size,), generator=g)  # (batch,)
+        loss = loss_of(idx)
         opt.zero_grad()
         loss.backward()
         opt.step()

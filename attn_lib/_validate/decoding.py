@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .tensors import check_all_finite, check_float_tensor, check_tensor
+from .tensors import check_all_finite, check_float_tensor, check_on_q_device, check_tensor
 from .values import check_positive_int
 
 INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
@@ -45,9 +45,7 @@ def check_cache_seqlens(cache_seqlens, B: int, S: int, device):
             f"cache_seqlens must have shape (B,) = {(B,)} (one length per sequence), got "
             f"{tuple(cache_seqlens.shape)}; pass one integer per batch entry, e.g. cache_seqlens.reshape(-1)"
         )
-    if str(cache_seqlens.device) != str(torch.device(device)):
-        raise ValueError(f"cache_seqlens must be on q's device {device}, got {cache_seqlens.device}; "
-                         "move it with cache_seqlens.to(q.device)")
+    check_on_q_device("cache_seqlens", cache_seqlens, device)
     if B:
         low, high = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
         if low < 0 or high > S:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tensors import check_tensor
+from .tensors import check_on_q_device, check_tensor
 from .values import check_positive_int
 
 MAX_HEAD_DIM = 256  # the Triton kernels' largest head dim (BLOCK_D <= 256)
@@ -31,9 +31,7 @@ def check_key_padding_mask(key_padding_mask, B: int, S: int, device) -> None:
             f"key_padding_mask must have shape (B, S) = {(B, S)} (one flag per key of each sequence), "
             f"got {tuple(key_padding_mask.shape)}"
         )
-    if str(key_padding_mask.device) != str(torch.device(device)):
-        raise ValueError(f"key_padding_mask must be on q's device {device}, got {key_padding_mask.device}; "
-                         "move it with key_padding_mask.to(q.device)")
+    check_on_q_device("key_padding_mask", key_padding_mask, device)
 
 
 def check_no_grad_needed(fn_name: str, *tensors) -> None:
@@ -73,8 +71,7 @@ def check_saved(q, out, lse, dout, B: int, H: int, L: int, Dv: int, *, forward: 
         want = torch.float32 if name == "lse" else q.dtype
         if same_dtype and t.dtype != want:
             raise TypeError(f"{name} must be {want}, got {t.dtype}; pass what {forward} returned")
-        if str(t.device) != str(q.device):
-            raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}; move it with {name}.to(q.device)")
+        check_on_q_device(name, t, q.device)
 
 
 def check_block(name: str, value: Any, *, power_of_two: bool) -> int | None:

@@ -59,6 +59,14 @@ def all_finite(t: Any) -> bool:
     return bool(torch.isfinite(t.sum(dtype=work_dtype(t.dtype)))) or bool(torch.isfinite(t).all())
 
 
+def check_on_q_device(name: str, x: Any, device) -> None:
+    """张量 x 必须和 q 在同一个设备上（掩码、长度、保存的结果共用这一句报错）。"""
+    import torch
+
+    if str(x.device) != str(torch.device(device)):
+        raise ValueError(f"{name} must be on q's device {device}, got {x.device}; move it with {name}.to(q.device)")
+
+
 def check_all_finite(name: str, t: Any) -> None:
     """检查 q、k、v 之类的输入没有 nan / inf（一次归约）；有就报 ValueError，torch 和 numpy 同一句话。"""
     if _numel(t) and not all_finite(t):
@@ -133,8 +141,7 @@ def check_mask(mask: Any, target: tuple, device, *, check_finite: bool, name: st
             f"{name} must be bool (True = may attend) or float (added to the scores), got {mask.dtype}; "
             f"for a 0/1 mask use {name}.bool()"
         )
-    if str(mask.device) != str(device):
-        raise ValueError(f"{name} must be on q's device {device}, got {mask.device}; move it with {name}.to(q.device)")
+    check_on_q_device(name, mask, device)
     check_mask_shape(mask, target)
     top = mask.amax() if check_finite and mask.is_floating_point() and mask.numel() else None  # nan propagates
     if top is not None and bool(torch.isnan(top) | torch.isposinf(top)):
