@@ -48,7 +48,7 @@ def try_gpu(index: int = 0):
     """
     import torch
 
-    from ._validate import check_int
+    from .checks import check_int
 
     check_int("index", index, 0)
     forced = os.environ.get(ENV_VAR)

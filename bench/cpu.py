@@ -8,7 +8,7 @@
 With ``--backward`` every case is one forward and one backward (``out.backward(dout)`` with a
 fixed random ``dout``, inputs that require grad): ``torch SDPA`` against
 ``attn_lib.flash_attention(..., backend="torch")`` (the tiled forward, then the tiled
-FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_torch_backward``), and
+FlashAttention-2 backward of ``attn_lib.flash.tiled_forward.flash_attention_torch_backward``), and
 ``naive`` = the naive path's autograd, which stores the (B, H, N, N) matrices. Default
 implementations there: sdpa and tiled; results go to ``bench/results/cpu_backward.json``.
 
@@ -52,7 +52,7 @@ Chapter 12, two more suites, each one run with forward and forward+backward rows
   H_kv = 8, D = 128 (``--heads``, ``--kv-heads``, ``--head-dim``): the tiled path with
   ``enable_gqa=True`` (``tiled_gqa``) against ``F.scaled_dot_product_attention(...,
   enable_gqa=True)`` (``sdpa_gqa``), causal. Results: ``bench/results/cpu_gqa.json``.
-Both use attn_lib's unchecked core ``attn_lib.flash._flash_unchecked(..., backend="torch")``
+Both use attn_lib's unchecked core ``attn_lib.flash.autograd._flash_unchecked(..., backend="torch")``
 (forward under ``torch.no_grad()``; forward+backward through autograd), as SDPA does no checks.
 """
 from __future__ import annotations
@@ -196,11 +196,11 @@ def run_case(impl: str, N: int, causal: bool, args) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from attn_lib._numerics import resolve_scale
-    from attn_lib._validate import check_attention_inputs
-    from attn_lib.flash import _flash_unchecked
-    from attn_lib.flash_torch import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, _forward_tiles
-    from attn_lib.naive import _naive_core
+    from attn_lib.rules.numerics import resolve_scale
+    from attn_lib.checks import check_attention_inputs
+    from attn_lib.flash.autograd import _flash_unchecked
+    from attn_lib.flash.tiled_forward import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, _forward_tiles
+    from attn_lib.flash.naive import _naive_core
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -305,7 +305,7 @@ def format_table(results: list, machine_info: dict | None = None) -> str:
 def case17_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
     """The callable to time in the window / GQA suites: one forward, or one forward and its backward.
 
-    ``tiled_*``: ``attn_lib.flash._flash_unchecked(..., backend="torch")`` (the tiled path, no
+    ``tiled_*``: ``attn_lib.flash.autograd._flash_unchecked(..., backend="torch")`` (the tiled path, no
     checks), causal, with ``window_size=(window, 0)`` for ``tiled_window``; k, v with H_kv
     heads for ``tiled_gqa`` (GQA by shape). ``sdpa_band``: SDPA with the band as a bool mask;
     ``sdpa_gqa``: SDPA with ``is_causal=True, enable_gqa=True``.
@@ -313,9 +313,9 @@ def case17_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
     import torch
     import torch.nn.functional as F
 
-    from attn_lib._band import band, band_mask
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.flash import _flash_unchecked
+    from attn_lib.rules.band import band, band_mask
+    from attn_lib.rules.numerics import resolve_scale
+    from attn_lib.flash.autograd import _flash_unchecked
 
     scale = resolve_scale(None, q.shape[-1])
     if impl == "sdpa_band":

@@ -19,7 +19,7 @@ Timing: float32; per case one warm-up call, then timed calls (``time.perf_counte
 ``--reps`` and more until ``--min-time`` seconds have passed (a short step gets many calls, so that
 on a busy machine some of them run undisturbed); ``--rounds`` rounds in which the implementations alternate (so a slow spell of the machine hits
 every side), the time is the minimum over every timed call of every round. ``--checks none``
-(default) calls attn_lib's unchecked core (``attn_lib.decoding._decode_unchecked``: no input scan,
+(default) calls attn_lib's unchecked core (``attn_lib.flash.decoding._decode_unchecked``: no input scan,
 no overflow sync), as SDPA checks nothing; ``--checks door`` calls the public ``flash_decoding``,
 whose door scans q, k and v for nan / inf (one more read of the cache). The ``cache GB/s`` column
 is the bytes of K and V (B·H_kv·S·(D + Dv)·4) over the time: a decode step reads the whole
@@ -84,8 +84,8 @@ def case_fn(impl: str, q, k, v, *, checks: str = "none"):
     import torch.nn.functional as F
 
     from attn_lib import causal_mask, flash_decoding
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.decoding import _decode_unchecked
+    from attn_lib.rules.numerics import resolve_scale
+    from attn_lib.flash.decoding import _decode_unchecked
 
     L, S, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
     scale = resolve_scale(None, q.shape[-1])

@@ -16,7 +16,7 @@ H = 2048 // D) unless --batch / --heads are given. Forward FLOPs are ``4 * B * H
 (two matrix products); the backward has five products, 2.5 times the forward, so forward +
 backward is 3.5 times the forward (flash-attn's convention); half of each with ``causal``.
 TFLOP/s = FLOPs / time. Every side is timed without input checks (the output says so): the
-Triton kernels through ``attn_lib._triton_launch.launch`` and ``launch_backward`` (the kernels
+Triton kernels through ``attn_lib.flash.triton.launch.launch`` and ``launch_backward`` (the kernels
 alone), the naive path through its unchecked core, SDPA as is; SDPA's and the naive path's
 backward run through autograd (``out.backward(dout)``).
 Time: ``triton.testing.do_bench`` (median, L2 flushed between runs). Memory:
@@ -41,11 +41,11 @@ Chapter 12, the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
 - ``--gqa``: q (B, 32, N, 128), k, v (B, 8, N, 128), causal: the Triton path with k, v of H_kv
   heads (``triton_gqa``) against ``F.scaled_dot_product_attention(..., is_causal=True,
   enable_gqa=True)`` (``sdpa_gqa``). FLOPs as above with H = the query heads.
-Both call ``attn_lib.flash._flash_unchecked(..., backend="triton", check_overflow=False)``
+Both call ``attn_lib.flash.autograd._flash_unchecked(..., backend="triton", check_overflow=False)``
 (forward under ``torch.no_grad()``, forward+backward through autograd), after a correctness
 check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
 
-Chapter 13, one decode step (FlashDecoding, ``attn_lib/_triton_decode.py``):
+Chapter 13, one decode step (FlashDecoding, ``attn_lib/flash/triton/decode.py``):
 
     .venv/bin/python bench/gpu.py --decode           # fp16 and bf16, S in {1k .. 32k}, splits 1 2 4 8 16 auto
     .venv/bin/python bench/gpu.py --decode --quick   # S in {1k, 16k}
@@ -240,8 +240,8 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.naive import _naive_core
+    from attn_lib.rules.numerics import resolve_scale
+    from attn_lib.flash.naive import _naive_core
 
     scale = resolve_scale(None, q.shape[-1])
     if impl == "triton":
@@ -338,8 +338,8 @@ MAX_SHARED = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448}
 COMPILE_SHAPE = (1, 8, 2, 1024)  # B, H, H_kv, L = S of the forward and backward launches (causal, key padding)
 COMPILE_DECODE_SPLITS = 4  # the decode launch: DECODE_SHAPE, a cache of 4096 keys, this many splits
 COMPILE_DECODE_KEYS = 4096
-LAUNCHED_KERNELS = {"attn_lib._triton_launch": ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"),
-                    "attn_lib._triton_decode": ("_decode_split", "_decode_merge")}
+LAUNCHED_KERNELS = {"attn_lib.flash.triton.launch": ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"),
+                    "attn_lib.flash.triton.decode": ("_decode_split", "_decode_merge")}
 
 
 class KernelCompiler:
@@ -397,7 +397,7 @@ def compile_launches(sm: int, dtype_name: str, D: int, log: list, decode_only: b
 
     launch, dec = (importlib.import_module(name) for name in LAUNCHED_KERNELS)
     cap = (sm // 10, sm % 10)
-    dot_fp32 = importlib.import_module("attn_lib._triton_entry").kernel_flags(
+    dot_fp32 = importlib.import_module("attn_lib.flash.triton.entry").kernel_flags(
         getattr(torch, dtype_name), None, False, capability=cap)["dot_fp32"]  # the launchers' rule
     meta = dict(dtype=getattr(torch, dtype_name), device="meta")  # shapes and strides, no memory
     B, H, H_kv, N = COMPILE_SHAPE
@@ -448,13 +448,13 @@ def compile_only(sm: int, head_dims, dtypes, decode_only: bool = False) -> int:
         print(f"--compile-only must be one of {sorted(MAX_SHARED)}, got {sm}; pick the GPU's compute capability",
               file=sys.stderr)
         return 2
-    # Not through attn_lib.flash.load_kernel: without a GPU it would pick the interpreter; the
+    # Not through attn_lib.flash.autograd.load_kernel: without a GPU it would pick the interpreter; the
     # __main__ block set TRITON_INTERPRET=0, so these imports build compilable kernels.
-    if type(importlib.import_module("attn_lib.flash_triton")._attn_fwd).__name__ != "JITFunction":
+    if type(importlib.import_module("attn_lib.flash.triton.forward")._attn_fwd).__name__ != "JITFunction":
         print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM",
               file=sys.stderr)
         return 2
-    numerics = importlib.import_module("attn_lib._numerics")
+    numerics = importlib.import_module("attn_lib.rules.numerics")
     B, H, H_kv, N = COMPILE_SHAPE
     Bd, Hd, Hd_kv, Ld, _ = DECODE_SHAPE
     print(f"# sm_{sm}: at most {MAX_SHARED[sm]} bytes of shared memory per block; each kernel as attn_lib's launchers "
@@ -481,9 +481,9 @@ def case17_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attn_lib._band import band, band_mask
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.flash import _flash_unchecked
+    from attn_lib.rules.band import band, band_mask
+    from attn_lib.rules.numerics import resolve_scale
+    from attn_lib.flash.autograd import _flash_unchecked
 
     scale = resolve_scale(None, q.shape[-1])
     if impl == "sdpa_band":
@@ -555,7 +555,7 @@ def check17(torch, window: int) -> None:
     """Before timing: the Triton path with a window and with GQA agrees with the float64 reference (flash-attn's rule)."""
     import attn_lib
     import torch.nn.functional as F
-    from attn_lib.flash import _flash_unchecked
+    from attn_lib.flash.autograd import _flash_unchecked
     from attn_lib.tolerances import assert_flash_rule
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -689,13 +689,13 @@ def peak_bandwidth(name: str, bus_width_bits: int | None = None, memory_clock_kh
 
 
 def auto_splits(batch_heads: int, S: int, device="cuda"):
-    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择；attn_lib.decoding 还没有时返回 None。
+    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择；attn_lib.flash.decoding 还没有时返回 None。
 
     That is ``choose_num_splits(batch_heads, S, workers=device_workers(device))`` (workers: the SMs
     of a GPU), or ``choose_num_splits(batch_heads, S)`` where ``device_workers`` is not there.
     """
     try:
-        from attn_lib import decoding
+        from attn_lib.flash import decoding
     except ImportError:
         return None
     workers = getattr(decoding, "device_workers", None)
@@ -704,7 +704,7 @@ def auto_splits(batch_heads: int, S: int, device="cuda"):
             return int(decoding.choose_num_splits(batch_heads, S))
         return int(decoding.choose_num_splits(batch_heads, S, workers=workers(device)))
     except (TypeError, AttributeError) as err:  # another API than this one: say so, time the rest
-        print(f"split_auto skipped: attn_lib.decoding.choose_num_splits({batch_heads}, {S}) failed: {err}",
+        print(f"split_auto skipped: attn_lib.flash.decoding.choose_num_splits({batch_heads}, {S}) failed: {err}",
               file=sys.stderr)
         return None
 
@@ -715,8 +715,8 @@ def decode_fn(torch, impl: str, q, k, v, seqlens, *, interpret: bool = False):
 
     import torch.nn.functional as F
 
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.flash import kernel_flags, load_kernel
+    from attn_lib.rules.numerics import resolve_scale
+    from attn_lib.flash.autograd import kernel_flags, load_kernel
 
     scale = resolve_scale(None, q.shape[-1])
     L, S = q.shape[2], k.shape[2]
@@ -728,7 +728,7 @@ def decode_fn(torch, impl: str, q, k, v, seqlens, *, interpret: bool = False):
         return lambda: kernel.launch(q, k, v, None, True, scale, interpret=interpret, dot_fp32=flags["dot_fp32"],
                                      capability=flags["capability"], causal_offset=S - L)[0]  # (B,H,L,Dv)
     splits = int(impl.removeprefix("split_"))
-    dec = importlib.import_module("attn_lib._triton_decode")
+    dec = importlib.import_module("attn_lib.flash.triton.decode")
     return lambda: dec.decode_attention(q, k, v, seqlens, splits, scale)  # (B,H,L,Dv)
 
 
@@ -751,7 +751,7 @@ def bench_decode_case(torch, impl: str, dtype: str, S: int, peak, *, shape=DECOD
     base = {"suite": "decode", "impl": impl, "dtype": dtype, "S": S, "B": B, "H": H, "H_kv": H_kv, "L": L, "D": D,
             "splits": splits}
     if impl == "split_auto" and splits is None:
-        return {**base, "error": "n/a"}  # attn_lib.decoding.choose_num_splits is not there yet
+        return {**base, "error": "n/a"}  # attn_lib.flash.decoding.choose_num_splits is not there yet
     fn = decode_fn(torch, impl if splits is None else f"split_{splits}", q, k, v, seqlens,
                    interpret=device != "cuda")
     if timer is None:
@@ -870,7 +870,7 @@ def main(argv=None) -> int:
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 2
     from attn_lib import device
-    from attn_lib.flash import kernel_flags, load_kernel
+    from attn_lib.flash.autograd import kernel_flags, load_kernel
 
     kernel = load_kernel()
     if device.triton_interprets():

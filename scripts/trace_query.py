@@ -1,7 +1,7 @@
 """Follow one call of MultiHeadAttention.forward and count the attn_lib modules it passes.
 
 Prints, for a few layer configurations: how many attn_lib modules the call's frames pass
-through (the check package attn_lib._validate counted as one), how many stays (changes of
+through (the check package attn_lib.checks counted as one), how many stays (changes of
 module along the way), and how often the call enters the check package. Run:
 
     .venv/bin/python scripts/trace_query.py          # attn_lib modules only
@@ -16,7 +16,7 @@ import torch
 import attn_lib
 
 PREFIX = sys.argv[1] if len(sys.argv) > 1 else "attn_lib"
-CHECKS = "attn_lib._validate"
+CHECKS = "attn_lib.checks"
 
 
 def trace(layer, x, **kw):

@@ -24,8 +24,8 @@ import torch
 from hypothesis import strategies as st
 
 import attn_lib
-from attn_lib import numpy_ref
-from attn_lib.flash_torch import flash_attention_torch
+from attn_lib.core import numpy_ref
+from attn_lib.flash.tiled_forward import flash_attention_torch
 
 # A difference larger than this tells two different answers apart (a test's own sanity margin,
 # not a numeric tolerance: tolerances come from attn_lib.tolerances).
@@ -193,7 +193,7 @@ def _auto(q, k, v, mask, causal, scale):
 
 
 def _triton(q, k, v, mask, causal, scale, **blocks):
-    # On CPU tensors attn_lib.flash runs the kernel under Triton's interpreter.
+    # On CPU tensors attn_lib.flash.autograd runs the kernel under Triton's interpreter.
     return attn_lib.flash_attention_triton(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask, **blocks)
 
 
@@ -222,7 +222,7 @@ PATHS: dict[str, Path] = {
     "tiled_cpu_flash": Path(
         "tiled_cpu_flash", lambda *a, **kw: _tiled(*a, **kw)[0], ("float64", "float32", "float16", "bfloat16"),
         ("none", "key_padding"), blocks=st.one_of(st.integers(2, 40), st.sampled_from([None, 1, 16, 64])),
-        with_lse=_tiled, notes="attn_lib.flash_torch.flash_attention_torch, random block sizes"),
+        with_lse=_tiled, notes="attn_lib.flash.tiled_forward.flash_attention_torch, random block sizes"),
     "flash_attention": Path(
         "flash_attention", _auto, ("float64", "float32", "float16", "bfloat16"), ("none", "key_padding"),
         notes="the public entry, backend='auto' (on CPU tensors: the tiled torch path, default blocks)"),

@@ -130,7 +130,7 @@ def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     shown = _run([str(python), "-m", "pip", "show", "attn-lib"], cwd=colab_env["tmp"], env=colab_env["env"]).stdout
     assert "Name: attn-lib" in shown and "Editable project location" not in shown
     # The package data a chapter reads (chapter 08's benchmark table) came with the install.
-    data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench, load_cpu_backward_bench, "
+    data = _run([str(python), "-c", "from attn_lib.data.tables import load_cpu_bench, load_cpu_backward_bench, "
                  "load_cpu_decode_bench; print(len(load_cpu_bench()['results']), len(load_cpu_backward_bench()['results']), "
                  "len(load_cpu_decode_bench()['results']))"],
                 cwd=colab_env["tmp"], env=colab_env["env"]).stdout

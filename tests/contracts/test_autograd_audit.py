@@ -187,7 +187,7 @@ def test_non_differentiable_outputs_say_so(name):
         "assert_close": lambda: attn_lib.assert_close(x.detach()[:1], torch.zeros(1)),
         "count_parameters": lambda: attn_lib.count_parameters(attn_lib.SelfAttention(2)),
         "sinusoidal_positions": lambda: attn_lib.sinusoidal_positions(4, 6),
-        "generate": lambda: attn_lib.generate(attn_lib.tiny_lm.build_lm(), torch.tensor([[1, 2]]), 2),
+        "generate": lambda: attn_lib.generate(attn_lib.models.tiny_lm.build_lm(), torch.tensor([[1, 2]]), 2),
     }
     out = calls[name]()
     if isinstance(out, torch.Tensor):

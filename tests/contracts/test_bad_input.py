@@ -15,8 +15,11 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import (KVCache, MultiHeadAttention, apply_rotary, causal_mask, it_data, numpy_ref, plotting, sinusoidal_positions,
-                      tiny_model)
+from attn_lib import KVCache, MultiHeadAttention, apply_rotary, causal_mask, sinusoidal_positions
+from attn_lib.models import it_data
+from attn_lib.core import numpy_ref
+from attn_lib.figures import plotting
+from attn_lib.models import tiny_model
 
 
 def t(*shape, dtype=torch.float32):
@@ -90,7 +93,7 @@ ROWS = [
     ("attention: int dtype", att(*(t(1, 1, 3, 4, dtype=torch.int64),) * 3), TypeError, r"q must be a floating-point tensor .*got torch.int64"),
     ("attention: dtypes differ", att(Q, t(1, 1, 3, 4, dtype=torch.float64), Q), TypeError, r"q, k, v must have the same dtype, got q=torch.float32, k=torch.float64"),
     ("attention: numpy input", att(QN, QN, QN), TypeError,
-     r"^q must be a torch.Tensor, got ndarray; for numpy arrays use attn_lib.numpy_ref.attention$"),
+     r"^q must be a torch.Tensor, got ndarray; for numpy arrays use attn_lib.core.numpy_ref.attention$"),
     ("attention: list input", att([[1.0]], Q, Q), TypeError, r"q must be a torch.Tensor, got list"),
     ("attention: k list", att(Q, [0.0], Q), TypeError, r"^k must be a torch.Tensor, got list"),
     ("attention: v list", att(Q, Q, [0.0]), TypeError, r"^v must be a torch.Tensor, got list"),
@@ -297,7 +300,7 @@ if hasattr(attn_lib, "MultiHeadAttention"):
 
 # --- FlashAttention (forward, backward, both backends), online softmax, IO model ---------------
 if hasattr(attn_lib, "flash_attention"):
-    from attn_lib import io_model
+    from attn_lib.costs import io_model
 
     def fa(*args, fn=None, **kw):
         return lambda: (fn or attn_lib.flash_attention)(*args, **kw)
@@ -555,11 +558,11 @@ ROWS += [
 
 # --- chapter 13: the LM corpus, the tiny language model, generate --------------------------------
 def _lm():
-    return attn_lib.tiny_lm.build_lm(seed=0)
+    return attn_lib.models.tiny_lm.build_lm(seed=0)
 
 
 def _lm_ids(*tokens):
-    return torch.tensor([attn_lib.lm_data.encode_tokens(["<bos>", *tokens])])  # (1,L)
+    return torch.tensor([attn_lib.models.lm_data.encode_tokens(["<bos>", *tokens])])  # (1,L)
 
 
 def _caches_of_two_lengths():
@@ -586,7 +589,7 @@ _LM_PROMPT = torch.tensor([[1, 2, 3]])
 
 ROWS += [
     ("generate: model not a TinyLM", _gen(_LM_PROMPT, 3, model=MultiHeadAttention(4, 2)), TypeError,
-     r"^model must be an attn_lib\.tiny_lm\.TinyLM, got MultiHeadAttention; build one with tiny_lm\.build_lm\(\)$"),
+     r"^model must be an attn_lib\.models\.tiny_lm\.TinyLM, got MultiHeadAttention; build one with tiny_lm\.build_lm\(\)$"),
     ("generate: prompt a list", _gen([[1, 2]], 3), TypeError,
      r"^prompt_ids must be a torch\.Tensor of shape \(B, L\), got list; "
      r"e\.g\. torch\.tensor\(\[lm_data\.encode_tokens\(tokens\)\]\)$"),
@@ -631,35 +634,35 @@ ROWS += [
     ("tiny_lm.TinyLM: caches of two lengths", _caches_of_two_lengths(), ValueError,
      r"^kv_caches must all hold the same positions \(one sequence, one cache per block\), got seen=\[0, 2\]; "
      r"reset them all before a new sequence$"),
-    ("tiny_lm.TinyLM: odd head dim", lambda: attn_lib.tiny_lm.TinyLM(10, d_model=12, num_heads=4), ValueError,
+    ("tiny_lm.TinyLM: odd head dim", lambda: attn_lib.models.tiny_lm.TinyLM(10, d_model=12, num_heads=4), ValueError,
      r"head dim D = d_model / num_heads must be even for rotary positions.*D=3"),
-    ("tiny_lm.TinyLM: vocab_size 0", lambda: attn_lib.tiny_lm.TinyLM(0), ValueError, r"^vocab_size must be a positive int, got 0$"),
-    ("tiny_lm.train_lm: lr 0", lambda: attn_lib.tiny_lm.train_lm(_lm(), {}, lr=0.0), ValueError, r"^lr must be finite and > 0, got 0\.0$"),
-    ("tiny_lm.completion_rate: no prompts", lambda: attn_lib.tiny_lm.completion_rate(_lm(), []), ValueError,
+    ("tiny_lm.TinyLM: vocab_size 0", lambda: attn_lib.models.tiny_lm.TinyLM(0), ValueError, r"^vocab_size must be a positive int, got 0$"),
+    ("tiny_lm.train_lm: lr 0", lambda: attn_lib.models.tiny_lm.train_lm(_lm(), {}, lr=0.0), ValueError, r"^lr must be finite and > 0, got 0\.0$"),
+    ("tiny_lm.completion_rate: no prompts", lambda: attn_lib.models.tiny_lm.completion_rate(_lm(), []), ValueError,
      r"^prompts must be a non-empty list of lm_data\.Prompt, got \[\]; use lm_data\.completion_prompts\(\)$"),
-    ("tiny_lm.completion_rate: prompts as strings", lambda: attn_lib.tiny_lm.completion_rate(_lm(), ["桌上有水"]),
+    ("tiny_lm.completion_rate: prompts as strings", lambda: attn_lib.models.tiny_lm.completion_rate(_lm(), ["桌上有水"]),
      TypeError, r"^prompts must hold lm_data\.Prompt, got str; use lm_data\.completion_prompts\(\)$"),
-    ("tiny_lm.verb_step_attention: a word not in the vocabulary", lambda: attn_lib.tiny_lm.verb_step_attention(
+    ("tiny_lm.verb_step_attention: a word not in the vocabulary", lambda: attn_lib.models.tiny_lm.verb_step_attention(
         _lm(), ["<bos>", "桌子"]), ValueError, r"^tokens must be words of lm_data\.VOCAB, got '桌子'; split the text"),
-    ("lm_data.make_split: unknown split", lambda: attn_lib.lm_data.make_split("dev", 3), ValueError,
+    ("lm_data.make_split: unknown split", lambda: attn_lib.models.lm_data.make_split("dev", 3), ValueError,
      r'^split must be "train" or "test", got \'dev\'$'),
-    ("lm_data.completion_prompts: n 0", lambda: attn_lib.lm_data.completion_prompts("test", 0), ValueError,
+    ("lm_data.completion_prompts: n 0", lambda: attn_lib.models.lm_data.completion_prompts("test", 0), ValueError,
      r"^n must be a positive int, got 0$"),
-    ("lm_data.decode: an id beyond the vocabulary", lambda: attn_lib.lm_data.decode([1, 74]), ValueError,
+    ("lm_data.decode: an id beyond the vocabulary", lambda: attn_lib.models.lm_data.decode([1, 74]), ValueError,
      r"^ids must be token ids in 0\.\.73, got 74$"),
-    ("lm_data.tokenize: a word not in the vocabulary", lambda: attn_lib.lm_data.tokenize("桌上有猫"), ValueError,
+    ("lm_data.tokenize: a word not in the vocabulary", lambda: attn_lib.models.lm_data.tokenize("桌上有猫"), ValueError,
      r"^text must be made of the words of lm_data\.VOCAB, got '猫' at character 3; "
      r"e\.g\. lm_data\.make_split\('train', 1\)\[0\]\.text$"),
-    ("lm_data.tokenize: the <bos> token spelled out", lambda: attn_lib.lm_data.tokenize("<bos>桌上"), ValueError,
+    ("lm_data.tokenize: the <bos> token spelled out", lambda: attn_lib.models.lm_data.tokenize("<bos>桌上"), ValueError,
      r"^text must be made of the words of lm_data\.VOCAB, got '<bos>桌上' at character 0"),
-    ("lm_data.tokenize: not a str", lambda: attn_lib.lm_data.tokenize(["桌上"]), TypeError, r"^text must be a str, got list$"),
-    ("lm_data.encode_text: a word not in the vocabulary", lambda: attn_lib.lm_data.encode_text("桌上有狗"), ValueError,
+    ("lm_data.tokenize: not a str", lambda: attn_lib.models.lm_data.tokenize(["桌上"]), TypeError, r"^text must be a str, got list$"),
+    ("lm_data.encode_text: a word not in the vocabulary", lambda: attn_lib.models.lm_data.encode_text("桌上有狗"), ValueError,
      r"^text must be made of the words of lm_data\.VOCAB, got '狗' at character 3"),
-    ("lm_data.encode: no sentences", lambda: attn_lib.lm_data.encode([]), ValueError, r"^sentences is empty$"),
-    ("lm_data.fits: not an object", lambda: attn_lib.lm_data.fits("打翻", ("水", "桌上")), ValueError,
+    ("lm_data.encode: no sentences", lambda: attn_lib.models.lm_data.encode([]), ValueError, r"^sentences is empty$"),
+    ("lm_data.fits: not an object", lambda: attn_lib.models.lm_data.fits("打翻", ("水", "桌上")), ValueError,
      r"^objects must be objects of it_data\.OBJECTS, got '桌上'$"),
-    ("lm_data.bigram_after: a token that never occurs", lambda: attn_lib.lm_data.bigram_after(
-        attn_lib.lm_data.make_split("train", 5), "<pad>"), ValueError, r"^token must occur in the sentences, got '<pad>'$"),
+    ("lm_data.bigram_after: a token that never occurs", lambda: attn_lib.models.lm_data.bigram_after(
+        attn_lib.models.lm_data.make_split("train", 5), "<pad>"), ValueError, r"^token must occur in the sentences, got '<pad>'$"),
 ]
 
 
@@ -795,7 +798,7 @@ ROWS += [
     ("tiny_model.train: lr inf", _train(lr=float("inf")), ValueError, r"^lr must be finite and > 0, got inf$"),
     ("tiny_model.train: lr < 0", _train(lr=-0.5), ValueError, r"^lr must be finite and > 0, got -0\.5$"),
     ("naive_softmax: numpy input", lambda: attn_lib.naive_softmax(np.zeros(3)), TypeError,
-     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
+     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.core\.numpy_ref\.softmax$"),
     ("tiny_model.train: batch_size a float", _train(batch_size=2.0), TypeError,
      r"^batch_size must be a positive int, got 2\.0 \(float\)"),
 ]
@@ -904,7 +907,7 @@ ROWS += [
     ("online_softmax_update: m a list, the remedy", lambda: attn_lib.online_softmax_update([0.0], t(1), t(1, 2)), TypeError,
      r"^m must be a torch\.Tensor, got list; convert it with torch\.as_tensor\(m\)$"),
     ("softmax: numpy input", lambda: attn_lib.softmax(np.zeros(3)), TypeError,
-     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.numpy_ref\.softmax$"),
+     r"^x must be a torch\.Tensor, got ndarray; for numpy arrays use attn_lib\.core\.numpy_ref\.softmax$"),
     ("softmax: dim out of range", lambda: attn_lib.softmax(t(2, 3), dim=2), ValueError,
      r"^dim=2 is out of range for a 2-D tensor; dim must be in \[-2, 1\]$"),
     ("padding_mask: S negative", lambda: attn_lib.padding_mask([2, 1], S=-1), ValueError, r"^S must be an int >= 0, got -1$"),

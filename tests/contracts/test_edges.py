@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import numpy_ref
+from attn_lib.core import numpy_ref
 from attn_lib.tolerances import assert_close
 
 from attn_paths import MODULES, PATHS, Case, make_inputs, module_inputs, path_params, reference64, run_path

@@ -15,7 +15,7 @@ import torch
 
 import attn_lib
 from attn_lib import BACKENDS, KVCache, LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, padding_mask
-from attn_lib.tiny_model import RotaryMultiHeadAttention
+from attn_lib.models.tiny_model import RotaryMultiHeadAttention
 from attn_lib.tolerances import assert_close
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -46,7 +46,7 @@ def _x(B=3, L=6, C=8, seed=1):
 def test_backends_are_one_public_tuple():
     assert attn_lib.BACKENDS == ("auto", "reference", "sdpa", "torch", "triton")
     assert "BACKENDS" in attn_lib.__all__
-    assert not hasattr(attn_lib.self_attention, "BACKENDS")  # one tuple, not two
+    assert not hasattr(attn_lib.layers.self_attention, "BACKENDS")  # one tuple, not two
 
 
 @pytest.mark.parametrize("backend", RUNNABLE)
@@ -107,7 +107,7 @@ def test_tiled_backends_refuse_other_masks_at_the_door(Layer, backend):
 def count_scans(numel: int):
     """Count the nan / inf scans: calls of all_finite (wherever it was imported) and torch.isfinite on
     any tensor at least as large as the input (``numel`` elements)."""
-    from attn_lib import _validate
+    from attn_lib import checks as _validate
 
     real_all_finite, real_isfinite = _validate.all_finite, torch.isfinite
     calls = []
@@ -217,13 +217,13 @@ def test_a_causal_tiled_layer_prefills_a_prompt_with_a_cache(backend):
 # --- checked once, at the door: the check package is entered once per call -------------------------------
 
 def _entries_into_the_check_package(call) -> int:
-    """Follow the call with sys.setprofile: how many calls go into attn_lib._validate from outside it
-    (a check that calls a helper elsewhere, e.g. attn_lib._numerics, is still the same visit)."""
-    depth, entries = 0, 0  # depth: attn_lib._validate frames on the stack
+    """Follow the call with sys.setprofile: how many calls go into attn_lib.checks from outside it
+    (a check that calls a helper elsewhere, e.g. attn_lib.rules.numerics, is still the same visit)."""
+    depth, entries = 0, 0  # depth: attn_lib.checks frames on the stack
 
     def profile(frame, event, arg):
         nonlocal depth, entries
-        if event not in ("call", "return") or not frame.f_globals.get("__name__", "").startswith("attn_lib._validate"):
+        if event not in ("call", "return") or not frame.f_globals.get("__name__", "").startswith("attn_lib.checks"):
             return
         if event == "call":
             entries += depth == 0

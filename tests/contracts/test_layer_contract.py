@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, numpy_ref
-from attn_lib._validate import OVERFLOW_MESSAGE
+from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention
+from attn_lib.core import numpy_ref
+from attn_lib.checks import OVERFLOW_MESSAGE
 from attn_lib.tolerances import assert_close
 
 from attn_paths import DISTINGUISHABLE, mha_reference64, randn64, seed_weights
@@ -271,7 +272,7 @@ def test_check_finite_can_be_turned_off():
 def test_the_layer_scans_each_input_once(monkeypatch):
     """Self-attention passes one tensor three times: it is scanned once, and attend() scans nothing more
     than the output."""
-    import attn_lib._validate.layers as sa
+    import attn_lib.checks.layers as sa
 
     calls = []
     real = sa.all_finite

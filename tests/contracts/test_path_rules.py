@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import numpy_ref
-from attn_lib._numerics import OVERFLOW_MESSAGE
+from attn_lib.core import numpy_ref
+from attn_lib.rules.numerics import OVERFLOW_MESSAGE
 from attn_lib.tolerances import assert_close
 
 DEVICE = torch.device(os.environ.get("ATTN_LIB_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -119,7 +119,7 @@ def test_check_finite_false_reaches_the_core(backend, monkeypatch):
     q[0, 0, 1, 0] = float("nan")
     with pytest.raises(ValueError, match="q contains nan or inf"):
         attn_lib.flash_attention(q, k, v, backend=backend)
-    checks = importlib.import_module("attn_lib._validate.tensors")
+    checks = importlib.import_module("attn_lib.checks.tensors")
     scans = []
     monkeypatch.setattr(checks, "all_finite", lambda t: scans.append(t) or True)
     out = attn_lib.flash_attention(q, k, v, backend=backend, check_finite=False)
@@ -132,7 +132,7 @@ def test_check_finite_false_reaches_the_core(backend, monkeypatch):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_checks_run_once_per_flash_attention_call(backend, monkeypatch):
     q, k, v = _qkv()
-    checks = importlib.import_module("attn_lib._validate.tensors")
+    checks = importlib.import_module("attn_lib.checks.tensors")
     calls = {"scale": 0, "scan": 0}
     real_scale, real_scan = checks.check_scale, checks.all_finite
 
@@ -158,8 +158,8 @@ def test_no_package_attribute_shadows_a_submodule():
         module = importlib.import_module(f"attn_lib.{info.name}")
         attr = getattr(attn_lib, info.name, module)
         assert attr is module, f"attn_lib.{info.name} is {type(attr).__name__}, not the submodule"
-    assert importlib.import_module("attn_lib.stable_softmax").softmax is attn_lib.softmax
-    assert importlib.import_module("attn_lib.online").online_softmax is attn_lib.online_softmax
+    assert importlib.import_module("attn_lib.core.softmax").softmax is attn_lib.softmax
+    assert importlib.import_module("attn_lib.core.online").online_softmax is attn_lib.online_softmax
 
 
 def test_numpy_twin_gives_the_torch_messages():
@@ -192,7 +192,7 @@ def test_the_triton_configuration_policy_is_pure_python():
     import subprocess
     import sys
 
-    code = ("import sys, attn_lib._triton_config as c, torch; "
+    code = ("import sys, attn_lib.flash.triton.configs as c, torch; "
             "cfg = c.candidate_configs(64, 64, torch.float16, False)[0]; "
             "print('triton' in sys.modules, cfg['BLOCK_M'] >= 16)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -203,7 +203,7 @@ def test_the_triton_configuration_policy_is_pure_python():
 
 def test_the_dot_precision_rule():
     """DOT_FP32 under the interpreter and for bfloat16 before sm_80; "ieee" for every fp32 dot."""
-    from attn_lib._numerics import dot_fp32, dot_input_precision
+    from attn_lib.rules.numerics import dot_fp32, dot_input_precision
 
     assert dot_fp32(torch.float16, None, 1) is True  # the interpreter, whatever the dtype (a bool, not 1)
     assert dot_fp32(torch.bfloat16, (7, 5), False) is True  # bfloat16 on a pre-Ampere GPU
@@ -219,7 +219,7 @@ def test_the_dot_precision_rule():
 
 
 def test_the_gpu_kernel_door_refuses_float64_and_head_dims_over_256():
-    from attn_lib._validate import check_triton_inputs
+    from attn_lib.checks import check_triton_inputs
 
     ok = torch.zeros(1, 1, 2, 256)
     assert check_triton_inputs(ok, ok, ok) is None  # 256 is the largest head dim it takes
@@ -235,7 +235,7 @@ def test_the_gpu_kernel_door_refuses_float64_and_head_dims_over_256():
 
 
 def test_the_gpu_kernel_door_refuses_cpu_tensors_unless_interpreted():
-    from attn_lib._validate import check_triton_device
+    from attn_lib.checks import check_triton_device
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 

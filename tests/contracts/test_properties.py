@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 import attn_lib
-from attn_lib import numpy_ref
-from attn_lib.masks import causal_mask
+from attn_lib.core import numpy_ref
+from attn_lib.core.masks import causal_mask
 from attn_lib.tolerances import assert_close, tolerance
 
 from attn_paths import (MODULES, PATHS, Case, cases, lse64, make_inputs, module_inputs, path_params, reference64,
@@ -154,7 +154,7 @@ def splits_for(draw, n: int):
 @given(x=arrays(np.float64, array_shapes(min_dims=1, max_dims=3, max_side=12), elements=_SOFTMAX_ELEMENTS),
        dtype=st.sampled_from(["float64", "float32", "float16", "bfloat16"]), data=st.data())
 def test_online_softmax_over_any_split_equals_softmax(x, dtype, data):
-    osm = importlib.import_module("attn_lib.online")
+    osm = importlib.import_module("attn_lib.core.online")
 
     S = x.shape[-1]
     splits = data.draw(splits_for(S), label="splits")

@@ -1,4 +1,4 @@
-"""``causal_offset`` of the FlashAttention core (``attn_lib.flash._flash_unchecked``): with
+"""``causal_offset`` of the FlashAttention core (``attn_lib.flash.autograd._flash_unchecked``): with
 ``is_causal``, query i sees key j iff ``j <= i + causal_offset``; ``S - L`` is the bottom-right
 alignment of KV-cache decoding (``attn_lib.causal_mask(L, S, align="bottom-right")``).
 
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib.flash import _flash_unchecked
-from attn_lib.flash_torch import _forward_tiles
-from attn_lib.flash_torch_backward import _backward_tiles
+from attn_lib.flash.autograd import _flash_unchecked
+from attn_lib.flash.tiled_forward import _forward_tiles
+from attn_lib.flash.tiled_backward import _backward_tiles
 from attn_lib.tolerances import assert_close
 
 from attn_paths import flash_inputs
@@ -108,7 +108,7 @@ def test_triton_forward_backward(L, S, offset, padding):
 @pytest.mark.parametrize("offset", [-4, -1, 0, 2])
 @pytest.mark.parametrize("padding", ["none", "some", "all absent", "one per row"])
 def test_rows_with_keys_says_which_queries_see_a_present_key(is_causal, offset, padding):
-    from attn_lib._numerics import rows_with_keys
+    from attn_lib.rules.numerics import rows_with_keys
 
     L, S = 5, 6
     kpm = {"none": None, "some": torch.tensor([[True, False, True, True, False, False], [False] * 3 + [True] * 3]),
@@ -124,7 +124,7 @@ def test_rows_with_keys_says_which_queries_see_a_present_key(is_causal, offset, 
 
 
 def test_the_tiled_path_counts_what_it_reads_and_writes():
-    from attn_lib.io_model import IOCounter
+    from attn_lib.costs.io_model import IOCounter
 
     B, H, L, S, D, Dv, bm, bn = 1, 2, 10, 12, 3, 5, 4, 8
     q, k, v = (torch.randn(B, H, n, d, dtype=torch.float64) for n, d in ((L, D), (S, D), (S, Dv)))

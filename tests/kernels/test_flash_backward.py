@@ -1,4 +1,4 @@
-"""Backward of the tiled FlashAttention (attn_lib.flash_torch_backward.flash_attention_torch_backward) and the
+"""Backward of the tiled FlashAttention (attn_lib.flash.tiled_backward.flash_attention_torch_backward) and the
 differentiable entry point attn_lib.flash_attention(backend="torch"), against the float64 reference's
 autograd (attn_lib.attention); overflowing scores refused on every path, fully masked rows are not an
 overflow. (The refusals of bad arguments, e.g. a scale or key_padding_mask that requires grad, are rows of
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import attn_lib
-import attn_lib.flash_torch as flash_torch
-import attn_lib.flash_torch_backward as flash_torch_backward
-from attn_lib.flash import FlashAttentionFunction, flash_attention
+import attn_lib.flash.tiled_forward as flash_torch
+import attn_lib.flash.tiled_backward as flash_torch_backward
+from attn_lib.flash.autograd import FlashAttentionFunction, flash_attention
 from attn_lib import flash_attention_torch, flash_attention_torch_backward, naive_attention
-from attn_lib.io_model import largest_tensor
+from attn_lib.costs.io_model import largest_tensor
 from attn_lib.tolerances import assert_close
 
 from attn_paths import flash_inputs as make_inputs, reference_grads

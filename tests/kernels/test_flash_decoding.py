@@ -1,12 +1,12 @@
-"""flash_decoding (chapter 13, attn_lib.decoding): the split-KV decode step against the float64 reference.
+"""flash_decoding (chapter 13, attn_lib.flash.decoding): the split-KV decode step against the float64 reference.
 
-The answer key is ``attn_lib.reference.attention`` (float64) given a bool mask built here row by row
+The answer key is ``attn_lib.core.reference.attention`` (float64) given a bool mask built here row by row
 from the rule written out (entry b, query i sees keys 0 .. n_b - L + i), not from the code under test.
 Cases: L in {1, 3}; S in {1, 17, 1000, 4099}; ragged cache_seqlens holding 0, 1 and S_max; num_splits
 in {1, 2, 3, 8, more than there are key blocks}; GQA (6/2), MQA (8/1) and H_kv = H; float16 / bfloat16
 within the 2x rule; merge_partials on numbers against one softmax; choose_num_splits' rule; every bad
 input with its exception type and key words; the Triton backend's side of the interface (a stand-in
-module records the call) and, once attn_lib._triton_decode exists, the kernels themselves (interpreter).
+module records the call) and, once attn_lib.flash.triton.decode exists, the kernels themselves (interpreter).
 """
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ import torch
 
 import attn_lib
 from attn_lib import flash_decoding, merge_partials
-from attn_lib._numerics import OVERFLOW_MESSAGE
-from attn_lib.decoding import DECODE_BLOCK_N, choose_num_splits, split_bounds
-from attn_lib.io_model import largest_tensor
-from attn_lib.reference import attention
+from attn_lib.rules.numerics import OVERFLOW_MESSAGE
+from attn_lib.flash.decoding import DECODE_BLOCK_N, choose_num_splits, split_bounds
+from attn_lib.costs.io_model import largest_tensor
+from attn_lib.core.reference import attention
 from attn_lib.tolerances import assert_close, assert_flash_rule
 
 HAS_TRITON_DECODE = importlib.util.find_spec("triton") is not None and \
-    importlib.util.find_spec("attn_lib._triton_decode") is not None
+    importlib.util.find_spec("attn_lib.flash.triton.decode") is not None
 D, DV = 8, 5
 
 
@@ -220,12 +220,12 @@ def test_splits_are_contiguous_whole_blocks(S, P):
 # --- the Triton backend ------------------------------------------------------------------------------------
 
 def test_the_triton_backend_calls_decode_attention_with_the_interface(monkeypatch):
-    """attn_lib._triton_decode.decode_attention(q, k, v, seqlens, num_splits, scale): seqlens int32 (B,) on
+    """attn_lib.flash.triton.decode.decode_attention(q, k, v, seqlens, num_splits, scale): seqlens int32 (B,) on
     q's device, always given; num_splits an int; scale a float. A stand-in module records the call."""
     calls = []
-    fake = types.ModuleType("attn_lib._triton_decode")
+    fake = types.ModuleType("attn_lib.flash.triton.decode")
     fake.decode_attention = lambda *args: calls.append(args) or torch.zeros(2, 6, 1, DV)
-    monkeypatch.setitem(sys.modules, "attn_lib._triton_decode", fake)
+    monkeypatch.setitem(sys.modules, "attn_lib.flash.triton.decode", fake)
     q, k, v = _inputs(2, 6, 2, 1, 300, dtype=torch.float32)
     flash_decoding(q, k, v, enable_gqa=True, backend="triton", num_splits=2)
     flash_decoding(q, k, v, cache_seqlens=torch.tensor([3, 0]), enable_gqa=True, backend="triton")
@@ -235,7 +235,7 @@ def test_the_triton_backend_calls_decode_attention_with_the_interface(monkeypatc
     assert lens2.dtype == torch.int32 and lens2.tolist() == [3, 0] and isinstance(splits2, int) and splits2 >= 1
 
 
-@pytest.mark.skipif(not HAS_TRITON_DECODE, reason="attn_lib._triton_decode (branch s18-dtr) is not merged yet")
+@pytest.mark.skipif(not HAS_TRITON_DECODE, reason="attn_lib.flash.triton.decode (branch s18-dtr) is not merged yet")
 @pytest.mark.parametrize("L,S,splits", [(1, 17, 2), (3, 300, 3)])
 def test_triton_kernels_equal_the_reference(L, S, splits):
     q, k, v = _inputs(3, 6, 2, L, S, seed=4)
@@ -246,7 +246,7 @@ def test_triton_kernels_equal_the_reference(L, S, splits):
     assert_close(out, _answer_key(q.float(), k.float(), v.float(), lengths), dtype=torch.float32)
 
 
-@pytest.mark.skipif(not HAS_TRITON_DECODE, reason="attn_lib._triton_decode (branch s18-dtr) is not merged yet")
+@pytest.mark.skipif(not HAS_TRITON_DECODE, reason="attn_lib.flash.triton.decode (branch s18-dtr) is not merged yet")
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 def test_triton_overflow_raises_the_one_message():
     q, k, v = _inputs(2, 4, 2, 1, 40, seed=9, dtype=torch.float32)

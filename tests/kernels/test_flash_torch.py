@@ -1,11 +1,11 @@
-"""Tiled FlashAttention in torch (attn_lib.flash_torch) and the dispatcher, against the float64 reference."""
+"""Tiled FlashAttention in torch (attn_lib.flash.tiled_forward) and the dispatcher, against the float64 reference."""
 import pytest
 import torch
 
 import attn_lib
-from attn_lib.flash import choose_backend, flash_attention
+from attn_lib.flash.autograd import choose_backend, flash_attention
 from attn_lib import flash_attention_torch, naive_attention
-from attn_lib.io_model import largest_tensor
+from attn_lib.costs.io_model import largest_tensor
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol
 
 from attn_paths import flash_inputs as make_inputs, flash_reference as reference
@@ -163,7 +163,7 @@ def test_cpu_benchmark_cases_run_and_tabulate():
 
 def test_the_counter_tallies_every_key_block_read():
     """IOCounter: each of the ceil(L / block_m) query blocks reads every key block it needs."""
-    from attn_lib.io_model import IOCounter
+    from attn_lib.costs.io_model import IOCounter
 
     B, H, L, S, D, Dv = 1, 2, 5, 7, 3, 4
     q, k, v = torch.randn(B, H, L, D), torch.randn(B, H, S, D), torch.randn(B, H, S, Dv)

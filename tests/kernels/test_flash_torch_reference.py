@@ -1,4 +1,4 @@
-"""The tiled torch forward's per-row reference (``attn_lib.flash_torch._tile_weights``).
+"""The tiled torch forward's per-row reference (``attn_lib.flash.tiled_forward._tile_weights``).
 
 While every score of a query block lies within ``ZERO_REF_RANGE`` (base 2) of 0 the weights are
 ``exp2(score)`` with nothing subtracted ("unshifted"; "bounded" when Cauchy–Schwarz on the
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import attn_lib
-import attn_lib.flash_torch as ft
+import attn_lib.flash.tiled_forward as ft
 from attn_lib.tolerances import assert_close, lse_atol, tolerance
 
 

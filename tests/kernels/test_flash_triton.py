@@ -1,4 +1,4 @@
-"""The Triton forward kernel (attn_lib/flash_triton.py) against the float64 reference, and the rule that decides how Triton runs.
+"""The Triton forward kernel (attn_lib/flash/triton/forward.py) against the float64 reference, and the rule that decides how Triton runs.
 
 Without a GPU these run the kernel under Triton's interpreter (``TRITON_INTERPRET=1``, set
 once per process by attn_lib.device before Triton is imported); on a CUDA machine they run the
@@ -15,14 +15,14 @@ import torch
 
 import attn_lib
 from attn_lib import device as attn_device
-from attn_lib.flash import OVERFLOW_MESSAGE, flash_attention, flash_attention_triton, kernel_flags, load_kernel
-from attn_lib.naive import naive_attention
+from attn_lib.flash.autograd import OVERFLOW_MESSAGE, flash_attention, flash_attention_triton, kernel_flags, load_kernel
+from attn_lib.flash.naive import naive_attention
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol
 
 from attn_paths import flash_inputs as make_inputs, flash_reference as reference
 
 # Triton is pinned in requirements.txt, so this always runs. Do not `import triton` here: the
-# first import decides whether Triton interprets, and attn_lib.flash must make that choice.
+# first import decides whether Triton interprets, and attn_lib.flash.autograd must make that choice.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 DEVICE = torch.device(os.environ.get("ATTN_LIB_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -1,4 +1,4 @@
-"""The Triton backward kernels (attn_lib/flash_triton.py, ``_attn_bwd_*``) against the float64 reference's autograd.
+"""The Triton backward kernels (attn_lib/flash/triton/forward.py, ``_attn_bwd_*``) against the float64 reference's autograd.
 
 ``flash_attention_triton_backward(q, k, v, out, lse, dout)`` gives dq, dk, dv; the answer is
 ``torch.autograd`` through ``attn_lib.attention`` in float64. float32 must agree within the
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib.flash import flash_attention, flash_attention_triton, flash_attention_triton_backward, load_kernel
-from attn_lib.naive import naive_attention
+from attn_lib.flash.autograd import flash_attention, flash_attention_triton, flash_attention_triton_backward, load_kernel
+from attn_lib.flash.naive import naive_attention
 from attn_lib.tolerances import (FLASH_ERROR_FLOOR, FLASH_ERROR_RATIO, FLOAT32_ATOL, assert_close, assert_flash_rule,
                                  max_abs_error)
 
@@ -212,7 +212,7 @@ def test_int64_offsets_give_the_same_gradients(monkeypatch):
 
 
 def largest_float_tensor(fn, *args, **kwargs):
-    """Like attn_lib.io_model.largest_tensor (every aten output is inspected), floating tensors only:
+    """Like attn_lib.costs.io_model.largest_tensor (every aten output is inspected), floating tensors only:
     Triton's interpreter copies the inputs' storage as raw bytes (uint8), which are not attention tensors."""
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -1,14 +1,14 @@
 """attn_lib.flash_attention with enable_gqa and window_size on the Triton backend: what flash.py hands to the
-Triton entry points (attn_lib._triton_entry.flash_attention_triton / _backward),
+Triton entry points (attn_lib.flash.triton.entry.flash_attention_triton / _backward),
 and the kernels themselves under Triton's interpreter against the float64 reference."""
 import pytest
 import torch
 
 import attn_lib
-import attn_lib.flash as flash_module
-from attn_lib.flash_torch import _forward_tiles
-from attn_lib.flash_torch_backward import _backward_tiles
-from attn_lib.reference import _attention_core
+import attn_lib.flash.autograd as flash_module
+from attn_lib.flash.tiled_forward import _forward_tiles
+from attn_lib.flash.tiled_backward import _backward_tiles
+from attn_lib.core.reference import _attention_core
 from attn_lib.tolerances import assert_close
 
 
@@ -19,7 +19,7 @@ def qkv(H, Hkv, L, S, D=16, dtype=torch.float32, seed=0):
 
 
 def test_flash_py_hands_gqa_and_the_window_to_the_triton_cores(monkeypatch):
-    """_forward_core / _backward_core call the unchecked Triton cores (attn_lib._triton_entry.triton_forward_core /
+    """_forward_core / _backward_core call the unchecked Triton cores (attn_lib.flash.triton.entry.triton_forward_core /
     triton_backward_core: the door has checked once) with causal_offset, window_size and k, v of H_kv heads;
     stand-ins here compute with the tiled torch path."""
     seen = []

@@ -1,18 +1,18 @@
-"""Grouped-query attention and sliding windows on the tiled torch path (attn_lib.flash_torch forward,
-attn_lib.flash_torch_backward backward, attn_lib.flash_attention(backend="torch")): against the float64
+"""Grouped-query attention and sliding windows on the tiled torch path (attn_lib.flash.tiled_forward forward,
+attn_lib.flash.tiled_backward backward, attn_lib.flash_attention(backend="torch")): against the float64
 reference's autograd, torch SDPA with enable_gqa=True and a band mask built by a loop (independent of
-attn_lib._band); gradcheck in float64; block sizes that do not divide the lengths; fully masked rows;
+attn_lib.rules.band); gradcheck in float64; block sizes that do not divide the lengths; fully masked rows;
 the cost O(N·window) counted in visited blocks; no (B, H, L, S) tensor and no repeated K/V allocated."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import attn_lib
-import attn_lib.flash_torch_backward as flash_torch_backward
+import attn_lib.flash.tiled_backward as flash_torch_backward
 from attn_lib import flash_attention, flash_attention_torch, flash_attention_torch_backward
-from attn_lib.flash import _flash_unchecked
-from attn_lib.io_model import IOCounter, largest_tensor
-from attn_lib.reference import _attention_core
+from attn_lib.flash.autograd import _flash_unchecked
+from attn_lib.costs.io_model import IOCounter, largest_tensor
+from attn_lib.core.reference import _attention_core
 from attn_lib.tolerances import assert_close
 
 HEADS = [(6, 2), (8, 1), (4, 4)]
@@ -48,7 +48,7 @@ def padding(B, S):
 
 
 def reference(q, k, v, kpm, causal, window, offset=0):
-    """Float64 reference (out, dq, dk, dv) by autograd through attn_lib.reference._attention_core."""
+    """Float64 reference (out, dq, dk, dv) by autograd through attn_lib.core.reference._attention_core."""
     q, k, v = (t.detach().double().requires_grad_() for t in (q, k, v))
     mask = None if kpm is None else kpm[:, None, None, :]
     out, _ = _attention_core(q, k, v, mask, causal, q.shape[-1] ** -0.5, check_overflow=True, window_size=window,
@@ -95,8 +95,8 @@ def test_gradcheck_float64_on_the_torch_path(config, monkeypatch):
     H, Hkv, window, causal = config
     for name, value in (("DEFAULT_BWD_BLOCK_M", 3), ("DEFAULT_BWD_BLOCK_N", 4)):
         monkeypatch.setattr(flash_torch_backward, name, value)
-    monkeypatch.setattr(attn_lib.flash_torch, "DEFAULT_BLOCK_M", 4)
-    monkeypatch.setattr(attn_lib.flash_torch, "DEFAULT_BLOCK_N", 3)
+    monkeypatch.setattr(attn_lib.flash.tiled_forward, "DEFAULT_BLOCK_M", 4)
+    monkeypatch.setattr(attn_lib.flash.tiled_forward, "DEFAULT_BLOCK_N", 3)
     q, k, v = qkv(1, H, Hkv, 7, 9, D=3, Dv=2, requires_grad=True)
     kpm = padding(1, 9)
     assert torch.autograd.gradcheck(
@@ -183,7 +183,7 @@ def test_the_cost_is_linear_in_the_window_not_quadratic(monkeypatch):
 
 def test_no_score_matrix_and_no_repeated_k_v_are_allocated():
     """What it measures: the largest tensor any aten op returns during the call, forward and backward
-    (attn_lib.io_model.largest_tensor, independent of the allocator). L is small and S large, so K, V
+    (attn_lib.costs.io_model.largest_tensor, independent of the allocator). L is small and S large, so K, V
     repeated to H heads (B·H·S·D) or the scores (B·H·L·S) would be the largest tensors; the tiled path stays
     at its inputs, its O(L·D) accumulators and one (B·H_kv, G·BLOCK_M, BLOCK_N) tile."""
     B, H, Hkv, L, S, D = 1, 8, 1, 16, 512, 16
@@ -228,8 +228,8 @@ def test_the_default_query_block_keeps_a_tile_of_512_rows_under_gqa(heads, block
     flash_attention_torch(q, k, v, enable_gqa=True, counter=counter)
     assert counter.reads["K"] == blocks * Hkv * S * D  # every query block reads every key once
     used = []
-    tiles = attn_lib.flash_torch._forward_tiles
-    monkeypatch.setattr(attn_lib.flash_torch, "_forward_tiles",
+    tiles = attn_lib.flash.tiled_forward._forward_tiles
+    monkeypatch.setattr(attn_lib.flash.tiled_forward, "_forward_tiles",
                         lambda *a, **kw: used.append(kw["block_m"]) or tiles(*a, **kw))
     flash_attention(q, k, v, backend="torch", enable_gqa=True)
     assert used == [block_m]

@@ -1,4 +1,4 @@
-"""The FlashDecoding Triton kernels (attn_lib/_triton_decode.py): split kernel + merge kernel.
+"""The FlashDecoding Triton kernels (attn_lib/flash/triton/decode.py): split kernel + merge kernel.
 
 ``decode_attention(q, k, v, seqlens, num_splits, scale)`` against the float64 reference
 ``attn_lib.attention`` with a bool mask built here by a loop from the decode rule (query i of
@@ -31,7 +31,7 @@ F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
 def kernels():
     attn_device.triton_interprets()  # fixes TRITON_INTERPRET before the module imports triton
-    return importlib.import_module("attn_lib._triton_decode")
+    return importlib.import_module("attn_lib.flash.triton.decode")
 
 
 def visible_by_loop(seqlens, L, S):
@@ -244,7 +244,7 @@ def test_one_program_per_key_value_head_and_split(monkeypatch):
 def test_heads_in_chunks_and_int64_offsets_give_the_same_output(monkeypatch):
     dec = kernels()
     base = run_case((3, 4, 2, 3, 40), [40, 9, 0], 3, F32, block_n=16, seed=8)[0]
-    monkeypatch.setattr("attn_lib._triton_config.MAX_GRID_Y", 4)  # 6 key/value heads: launches of 4 and 2
+    monkeypatch.setattr("attn_lib.flash.triton.configs.MAX_GRID_Y", 4)  # 6 key/value heads: launches of 4 and 2
     monkeypatch.setattr(dec, "INT32_LIMIT", 1)  # every offset in int64
     assert dec._needs_int64([(1, 1)]) and not dec._needs_int64([(0, 0)])
     grids = record_grids(monkeypatch, dec)
@@ -294,7 +294,7 @@ def test_no_keys_at_all_and_empty_batches():
 
 
 def test_configurations():
-    from attn_lib import _triton_config as cfg  # pure Python: readable without Triton
+    from attn_lib.flash.triton import configs as cfg  # pure Python: readable without Triton
 
     interp = cfg.decode_configs(4, 128, 128, F16, True)
     assert [(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_D"]) for c in interp] == [(16, 32, 128)]
@@ -317,7 +317,7 @@ def test_configurations():
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value:RuntimeWarning")
 def test_an_overflowed_score_gives_nan_in_its_row():
     # scale 3e38: the scores overflow float32 to +-inf. A row that sees a key comes out NaN (never a silent number),
-    # so that attn_lib.decoding's overflow check after the kernel reports it; a row that sees no key stays 0.
+    # so that attn_lib.flash.decoding's overflow check after the kernel reports it; a row that sees no key stays 0.
     # Entry 1 (one key): row 2 of head 3 has one negative score, -inf after the overflow, and is NaN too.
     dec = kernels()
     B, H, H_kv, L, S, seqlens = 2, 4, 2, 3, 40, [40, 1]

@@ -17,7 +17,7 @@ import os
 import pytest
 import torch
 
-from attn_lib.flash import flash_attention_triton, flash_attention_triton_backward
+from attn_lib.flash.autograd import flash_attention_triton, flash_attention_triton_backward
 from attn_lib.tolerances import FLASH_ERROR_FLOOR, FLASH_ERROR_RATIO, assert_close, lse_atol, max_abs_error
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -27,7 +27,7 @@ D, DV = 12, 10  # not powers of two, D != Dv
 
 
 def band_by_loop(L, S, window, causal, offset):
-    """(L, S) bool, True = query i sees key j, written out from flash-attn's rule (not from attn_lib._band)."""
+    """(L, S) bool, True = query i sees key j, written out from flash-attn's rule (not from attn_lib.rules.band)."""
     left, right = window
     visible = torch.zeros(L, S, dtype=torch.bool)
     for i in range(L):
@@ -236,7 +236,7 @@ def test_the_door_refuses_bad_heads_and_windows():
 
 
 def test_band_args_normalise_windows_wider_than_the_sequence():
-    from attn_lib._triton_config import band_args
+    from attn_lib.flash.triton.configs import band_args
 
     assert band_args(False, (-1, -1), 0, 7, 9) == {"band_lo": 0, "band_hi": 0, "HAS_LO": False, "HAS_HI": False}
     assert band_args(True, (-1, -1), 2, 7, 9) == {"band_lo": 0, "band_hi": 2, "HAS_LO": False, "HAS_HI": True}

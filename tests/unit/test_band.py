@@ -1,10 +1,10 @@
-"""The diagonal band every path uses (attn_lib._band), against a loop over (i, j) written from its definition."""
+"""The diagonal band every path uses (attn_lib.rules.band), against a loop over (i, j) written from its definition."""
 import itertools
 
 import pytest
 import torch
 
-from attn_lib._band import band, band_mask, key_range, query_range
+from attn_lib.rules.band import band, band_mask, key_range, query_range
 
 
 def visible(i, j, is_causal, window, offset):

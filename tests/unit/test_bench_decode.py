@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_lib.reference import attention
+from attn_lib.core.reference import attention
 from attn_lib.tolerances import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """bench/gpu.py --compile-only SM without a GPU: attn_lib's launchers run for a GPU of compute capability SM with
 every kernel compiled by Triton instead of launched. Checked: every kernel the launchers start (forward, the
 backward's preprocess, dK/dV and dQ, the decode split and merge) is compiled and reports its shared memory
-within the SM's limit, each launcher tries its configurations in the order of attn_lib._triton_config, and a
+within the SM's limit, each launcher tries its configurations in the order of attn_lib.flash.triton.configs, and a
 configuration over the limit makes the launcher go on to the next one, as OutOfResources does on a GPU.
 Each compile runs in a subprocess (this process's Triton is in interpreter mode)."""
 import importlib.util as iu
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_lib._triton_config import candidate_configs, decode_configs
+from attn_lib.flash.triton.configs import candidate_configs, decode_configs
 
 pytestmark = pytest.mark.skipif(iu.find_spec("triton") is None, reason="triton is not installed")
 
@@ -78,14 +78,14 @@ def test_every_kernel_compiles_within_the_shared_memory_limit(sm, dtype):
     for r in rows:
         assert (r["dtype"], r["D"]) == (dtype, D)
         assert 0 < r["shared"] and (r["shared"] <= limit) == r["fits"], r
-    # bf16 on sm_75 has no bf16 tl.dot: the launchers' rule (attn_lib._numerics.dot_fp32) says DOT_FP32.
+    # bf16 on sm_75 has no bf16 tl.dot: the launchers' rule (attn_lib.rules.numerics.dot_fp32) says DOT_FP32.
     assert f"# {dtype}: DOT_FP32={sm < 80 and dtype == 'bfloat16'}" in res.stdout
     tdtype = getattr(torch, dtype)
     rows_per_group = gpu.DECODE_SHAPE[1] // gpu.DECODE_SHAPE[2] * gpu.DECODE_SHAPE[3]  # G * L
     configs = {kernel: candidate_configs(D, D, tdtype, False, kind=kind, capability=cap)
                for kernel, kind in (("_attn_fwd", "fwd"), ("_attn_bwd_dkdv", "dkdv"), ("_attn_bwd_dq", "dq"))}
     configs["_decode_split"] = decode_configs(rows_per_group, D, D, tdtype, False, capability=cap)
-    for kernel, cfgs in configs.items():  # the configurations tried, in attn_lib._triton_config's order
+    for kernel, cfgs in configs.items():  # the configurations tried, in attn_lib.flash.triton.configs's order
         tried = [r for r in rows if r["kernel"] == kernel]
         assert [(r["blocks"], r["stages"], r["warps"]) for r in tried] == [
             ({k: c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV")}, c["num_stages"], c["num_warps"])

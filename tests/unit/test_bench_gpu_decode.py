@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import attn_lib
+import attn_lib.flash
 from attn_lib.tolerances import assert_close
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,18 +70,18 @@ def test_peak_bandwidth_of_other_gpus_from_the_device_properties():
 
 def test_auto_splits_is_the_library_choice(monkeypatch):
     seen = []
-    fake = types.ModuleType("attn_lib.decoding")
+    fake = types.ModuleType("attn_lib.flash.decoding")
     fake.choose_num_splits = lambda batch_heads, S, workers=16: seen.append((batch_heads, S, workers)) or 7
     fake.device_workers = lambda device: {"cuda": 132}[device]  # the SMs of the GPU, as flash_decoding passes
-    monkeypatch.setitem(sys.modules, "attn_lib.decoding", fake)
-    monkeypatch.setattr(attn_lib, "decoding", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "attn_lib.flash.decoding", fake)
+    monkeypatch.setattr(attn_lib.flash, "decoding", fake, raising=False)
     assert gpu.auto_splits(8, 16384) == 7 and seen == [(8, 16384, 132)]
-    del fake.device_workers  # an attn_lib.decoding without it: its own default
+    del fake.device_workers  # an attn_lib.flash.decoding without it: its own default
     assert gpu.auto_splits(8, 16384) == 7 and seen[-1] == (8, 16384, 16)
     fake.choose_num_splits = lambda batch_heads: 2  # another signature: no number, a message
     assert gpu.auto_splits(8, 16384) is None
-    monkeypatch.setitem(sys.modules, "attn_lib.decoding", None)  # the module is missing: no number
-    monkeypatch.delattr(attn_lib, "decoding", raising=False)
+    monkeypatch.setitem(sys.modules, "attn_lib.flash.decoding", None)  # the module is missing: no number
+    monkeypatch.delattr(attn_lib.flash, "decoding", raising=False)
     assert gpu.auto_splits(8, 16384) is None
 
 
@@ -134,8 +135,8 @@ def test_one_case_of_the_suite_with_a_stand_in_timer(monkeypatch):
     # bench_decode_case on CPU under the interpreter, a small shape, the timer replaced: 0.5 ms for each call.
     attn_lib.device.triton_interprets()
     fake = types.SimpleNamespace(choose_num_splits=lambda bh, S, workers: 3, device_workers=lambda device: 4)
-    monkeypatch.setitem(sys.modules, "attn_lib.decoding", fake)
-    monkeypatch.setattr(attn_lib, "decoding", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "attn_lib.flash.decoding", fake)
+    monkeypatch.setattr(attn_lib.flash, "decoding", fake, raising=False)
     kw = dict(shape=(1, 4, 2, 1, 16), device="cpu", timer=lambda fn: fn() is not None and 0.5)
     r = gpu.bench_decode_case(torch, "split_auto", "float16", 40, 1e12, **kw)
     nbytes = 2 * (1 * 2 * 40 * 16) * 2  # K and V: (1, 2, 40, 16) fp16 each
@@ -143,8 +144,8 @@ def test_one_case_of_the_suite_with_a_stand_in_timer(monkeypatch):
     assert r["gb_per_s"] == pytest.approx(nbytes / 0.5e-3 / 1e9) and r["peak_fraction"] == pytest.approx(
         nbytes / 0.5e-3 / 1e12)
     assert gpu.bench_decode_case(torch, "flash_fwd", "float16", 40, None, **kw)["kv_loads_bytes"] == 2 * nbytes
-    monkeypatch.setitem(sys.modules, "attn_lib.decoding", None)
-    monkeypatch.delattr(attn_lib, "decoding", raising=False)
+    monkeypatch.setitem(sys.modules, "attn_lib.flash.decoding", None)
+    monkeypatch.delattr(attn_lib.flash, "decoding", raising=False)
     assert gpu.bench_decode_case(torch, "split_auto", "float16", 40, None, **kw)["error"] == "n/a"
 
 

@@ -1,9 +1,9 @@
-"""Bytes and FLOPs of a decode step (attn_lib.decode_cost): every expected value is literal
+"""Bytes and FLOPs of a decode step (attn_lib.costs.decode_cost): every expected value is literal
 arithmetic written out here, never taken from the module."""
 import pytest
 
-from attn_lib import decode_cost
-from attn_lib.decode_cost import GPUS, GpuSpec, StepCost, decode_step_cost, prefill_cost
+from attn_lib.costs import decode_cost
+from attn_lib.costs.decode_cost import GPUS, GpuSpec, StepCost, decode_step_cost, prefill_cost
 
 
 def test_datasheet_figures():

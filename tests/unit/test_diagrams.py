@@ -1,4 +1,4 @@
-"""attn_lib.diagrams: the chapter 05-06 diagrams fit a phone (<= 7 in wide, no text under 9 pt),
+"""attn_lib.figures.diagrams: the chapter 05-06 diagrams fit a phone (<= 7 in wide, no text under 9 pt),
 label in Chinese, and draw exactly the mask they are given."""
 import matplotlib
 
@@ -8,8 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attn_lib.diagrams import MIN_FONT_PT, draw_causal_next_token, draw_qkv_projection  # noqa: E402
-from attn_lib.plotting import MAX_WIDTH_IN  # noqa: E402
+from attn_lib.figures.diagrams import MIN_FONT_PT, draw_causal_next_token, draw_qkv_projection  # noqa: E402
+from attn_lib.figures.plotting import MAX_WIDTH_IN  # noqa: E402
 
 TOKENS = ["【BOS】", "I", "like", "you", "【EOS】"]
 

@@ -1,4 +1,4 @@
-"""attn_lib.diagrams_heads: phone-readable diagrams (<= 7 in wide, text >= 9 pt, Chinese labels)."""
+"""attn_lib.figures.diagrams_heads: phone-readable diagrams (<= 7 in wide, text >= 9 pt, Chinese labels)."""
 import re
 
 import matplotlib
@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from attn_lib import diagrams_heads  # noqa: E402
+from attn_lib.figures import diagrams_heads  # noqa: E402
 
 HAN = re.compile(r"[\u4e00-\u9fff]")
 DIAGRAMS = {

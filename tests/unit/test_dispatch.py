@@ -1,4 +1,4 @@
-"""attn_lib._dispatch.attend, the one place a layer's attention is dispatched: every backend against
+"""attn_lib.layers.dispatch.attend, the one place a layer's attention is dispatched: every backend against
 attn_lib.attention given the same explicit mask (float64), with causal offsets, bool and additive
 masks, rows that see no key, and overflow."""
 import contextlib
@@ -9,7 +9,7 @@ import torch
 
 import attn_lib
 import attn_paths
-from attn_lib._dispatch import BACKENDS, attend, layer_mask
+from attn_lib.layers.dispatch import BACKENDS, attend, layer_mask
 
 F64 = attn_lib.tolerance(torch.float64)
 
@@ -74,7 +74,7 @@ def test_overflow_raises_on_every_backend_unless_checks_are_off(backend):
 
 
 def test_auto_means_reference_with_scores_and_sdpa_without(monkeypatch):
-    import attn_lib._dispatch as d
+    import attn_lib.layers.dispatch as d
 
     seen = []
     real_ref, real_sdpa = d._reference, d._sdpa
@@ -229,7 +229,7 @@ def test_sdpa_raises_when_an_additive_mask_pushes_a_score_to_inf(dtype):
 
 
 def test_the_dispatch_hands_the_gpu_kernel_name_on(monkeypatch):
-    import attn_lib.flash as flash
+    import attn_lib.flash.autograd as flash
 
     seen = []
     real = flash._forward_core

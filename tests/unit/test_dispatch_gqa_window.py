@@ -1,4 +1,4 @@
-"""``attn_lib._dispatch.attend`` with k, v of H_kv heads and a sliding window, on every backend.
+"""``attn_lib.layers.dispatch.attend`` with k, v of H_kv heads and a sliding window, on every backend.
 
 The oracle is written here in plain torch from the definitions: K/V repeated per query head
 (``repeat_interleave``, in this file only) and query i seeing key j iff
@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from attn_lib._dispatch import attend
+from attn_lib.layers.dispatch import attend
 from attn_lib.tolerances import assert_close
 
 from attn_paths import visible_band

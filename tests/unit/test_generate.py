@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn_lib import KVCache, generate, lm_data, tiny_lm
+from attn_lib import KVCache, generate
+from attn_lib.models import lm_data
+from attn_lib.models import tiny_lm
 from attn_lib.tolerances import assert_close
 
 PROMPT = ["<bos>", "桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]

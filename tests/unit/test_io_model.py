@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from attn_lib import io_model
-from attn_lib.flash_torch import flash_attention_torch
-from attn_lib.io_model import (IOCounter, block_sizes, flash_attention_io, kv_cache_bytes, score_matrix_bytes,
+from attn_lib.costs import io_model
+from attn_lib.flash.tiled_forward import flash_attention_torch
+from attn_lib.costs.io_model import (IOCounter, block_sizes, flash_attention_io, kv_cache_bytes, score_matrix_bytes,
                                standard_attention_io, tiled_attention_io, tiled_block_sizes)
 
 

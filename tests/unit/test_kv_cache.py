@@ -1,4 +1,4 @@
-"""attn_lib.kv_cache with the layers: a failed call leaves the cache as it was, one cache serves one
+"""attn_lib.layers.kv_cache with the layers: a failed call leaves the cache as it was, one cache serves one
 layer, a non-causal layer's calls are the rows of a forward over the sequence so far, the bottom-right
 mask on an empty cache. (Decoding on every backend: tests/contracts/test_layer_backends.py; bad
 input: rows in tests/contracts/test_bad_input.py.)"""

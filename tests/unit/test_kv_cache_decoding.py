@@ -1,7 +1,7 @@
-"""A layer's KV-cache decode steps go through flash_decoding's core (chapter 13, attn_lib.decoding) exactly
+"""A layer's KV-cache decode steps go through flash_decoding's core (chapter 13, attn_lib.flash.decoding) exactly
 when it computes what the layer asks for, and the decoded sequence equals one forward over the whole of it.
 
-A spy on ``attn_lib.decoding._decode_unchecked`` counts the steps that took the split-KV path: every
+A spy on ``attn_lib.flash.decoding._decode_unchecked`` counts the steps that took the split-KV path: every
 causal step of at most 16 queries without mask or scores, one-query steps of a non-causal layer, and a
 windowed layer's one-query steps while its rolling cache holds only keys inside the window. Not: the
 reference backend, a mask, need_weights, a windowed chunk, a cache longer than the window, a long
@@ -13,14 +13,14 @@ import re
 import pytest
 import torch
 
-import attn_lib.decoding as decoding
+import attn_lib.flash.decoding as decoding
 from attn_lib import KVCache, MultiHeadAttention
-from attn_lib._numerics import OVERFLOW_MESSAGE
-from attn_lib.tiny_model import RotaryMultiHeadAttention
+from attn_lib.rules.numerics import OVERFLOW_MESSAGE
+from attn_lib.models.tiny_model import RotaryMultiHeadAttention
 from attn_lib.tolerances import assert_close
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-HAS_TRITON_DECODE = HAS_TRITON and importlib.util.find_spec("attn_lib._triton_decode") is not None
+HAS_TRITON_DECODE = HAS_TRITON and importlib.util.find_spec("attn_lib.flash.triton.decode") is not None
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_a_triton_layer_decodes_with_the_triton_kernels_once_they_exist(steps):
     decoded = _decode(layer, x, [(0, 4), (4, 5)])
     with torch.no_grad():
         assert_close(decoded, _layer("reference", dtype=torch.float32)(x), dtype=torch.float32)
-    # without attn_lib._triton_decode (branch s18-dtr) the layer keeps its Triton forward kernel
+    # without attn_lib.flash.triton.decode (branch s18-dtr) the layer keeps its Triton forward kernel
     assert steps == ([(4, 4, "triton"), (1, 5, "triton")] if HAS_TRITON_DECODE else [])
 
 
@@ -170,7 +170,7 @@ def test_which_path_a_decode_step_takes_on_each_device():
     """decode_backend's rule, CUDA included (fake CUDA tensors: only shapes, dtypes and devices are read)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from attn_lib._dispatch import decode_backend
+    from attn_lib.layers.dispatch import decode_backend
 
     q, k = torch.zeros(1, 4, 1, 8), torch.zeros(1, 2, 5, 8)  # one new query, 4 cached keys and its own
     with FakeTensorMode():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attn_lib import KVCache, MultiHeadAttention
-from attn_lib.tiny_model import RotaryMultiHeadAttention
+from attn_lib.models.tiny_model import RotaryMultiHeadAttention
 from attn_lib.tolerances import assert_close
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None

@@ -1,10 +1,10 @@
-"""KV-cache bytes of real configurations (attn_lib.kv_memory): every expected value is hand
+"""KV-cache bytes of real configurations (attn_lib.costs.kv_memory): every expected value is hand
 arithmetic from the formula 2 (K and V) * layers * kv_heads * head_dim * stored_tokens * bytes,
 written out here, never taken from the module."""
 import pytest
 
-from attn_lib import kv_memory
-from attn_lib.kv_memory import CONFIGS, ModelConfig, format_kv_table, kv_cache_bytes, kv_memory_table
+from attn_lib.costs import kv_memory
+from attn_lib.costs.kv_memory import CONFIGS, ModelConfig, format_kv_table, kv_cache_bytes, kv_memory_table
 
 GIB = 1024 ** 3
 
@@ -77,7 +77,7 @@ def test_custom_config_and_bad_input():
     assert kv_cache_bytes(mqa, 100) == 2 * 2 * 1 * 16 * 8 * 2
     with pytest.raises(ValueError, match=r"tokens must be a positive int, got 0"):
         kv_cache_bytes(mqa, 0)
-    with pytest.raises(TypeError, match=r"config must be a ModelConfig, got str; take one from attn_lib.kv_memory"):
+    with pytest.raises(TypeError, match=r"config must be a ModelConfig, got str; take one from attn_lib.costs.kv_memory"):
         kv_cache_bytes("Mistral-7B", 4096)
     with pytest.raises(ValueError, match=r"bytes_per_value must be a positive int"):
         kv_cache_bytes(mqa, 4, bytes_per_value=0)

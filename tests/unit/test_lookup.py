@@ -1,9 +1,9 @@
-"""Dictionary lookup (attn_lib.lookup): the exact key, and the soft mix of every value."""
+"""Dictionary lookup (attn_lib.core.lookup): the exact key, and the soft mix of every value."""
 import numpy as np
 import pytest
 
 import attn_lib
-from attn_lib import worked_example as we
+from attn_lib.core import worked_example as we
 
 
 def test_hard_and_soft_lookup_on_the_dictionary():

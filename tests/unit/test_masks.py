@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 import attn_lib
-from attn_lib.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
+from attn_lib.core.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask
 from attn_lib.tolerances import assert_close, tolerance
 
 F64 = tolerance("float64")  # rtol / atol of float64 results against an exact float64 answer

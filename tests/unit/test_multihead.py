@@ -4,9 +4,9 @@ import torch
 from torch import nn
 
 import attn_lib
-import attn_lib.flash as flash_module
+import attn_lib.flash.autograd as flash_module
 from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters
-from attn_lib.masks import causal_mask, padding_mask
+from attn_lib.core.masks import causal_mask, padding_mask
 from attn_lib.tolerances import assert_close
 
 from attn_paths import randn64, seed_weights
@@ -231,7 +231,7 @@ def test_looped_layer_honours_check_finite_and_backend(monkeypatch):
     monkeypatch.setattr(flash_module, "_flash_unchecked", lambda *a, **k: calls.append(1) or real(*a, **k))
     with torch.no_grad():
         flash(randn64(1, 3, 8))
-    assert len(calls) == 2, "backend='torch': every head goes through the tiled path (attn_lib.flash)"
+    assert len(calls) == 2, "backend='torch': every head goes through the tiled path (attn_lib.flash.autograd)"
 
 
 def test_layer_check_finite_false_reaches_the_mask_check():
@@ -275,7 +275,7 @@ def test_a_1d_key_padding_mask_works_on_the_tiled_path():
 
 
 def test_the_gpu_kernel_door_on_a_cpu(monkeypatch):
-    from attn_lib._validate.layers import check_flash_inputs
+    from attn_lib.checks.layers import check_flash_inputs
 
     x = torch.zeros(1, 3, 512)
     assert attn_lib.device.triton_interprets()  # CPU only: the kernels run under Triton's interpreter

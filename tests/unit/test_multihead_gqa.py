@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, count_parameters, padding_mask
-from attn_lib.positions import apply_rotary
+from attn_lib.layers.positions import apply_rotary
 
 from attn_paths import visible_band
-from attn_lib.tiny_model import RotaryMultiHeadAttention
+from attn_lib.models.tiny_model import RotaryMultiHeadAttention
 from attn_lib.tolerances import assert_close
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn_lib
-from attn_lib.online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
+from attn_lib.core.online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
                                      online_weighted_sum, split_row)
 from attn_lib.tolerances import assert_close
 
@@ -119,7 +119,7 @@ def test_online_functions_on_any_leading_axes(shape):
 
 
 def test_online_weighted_sum_of_no_keys_is_zeros_on_the_device_of_x():
-    from attn_lib.online import online_weighted_sum
+    from attn_lib.core.online import online_weighted_sum
 
     got = online_weighted_sum(torch.zeros(2, 0), torch.zeros(2, 0, 3), 2)  # S = 0: no finite score in any row
     assert torch.equal(got, torch.zeros(2, 3))

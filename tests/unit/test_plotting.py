@@ -1,4 +1,4 @@
-"""attn_lib.plotting: figures get the Chinese font without changing matplotlib's global state.
+"""attn_lib.figures.plotting: figures get the Chinese font without changing matplotlib's global state.
 
 What these tests protect: a plotting call must not change global rcParams, nor rebuild the
 font list with matplotlib's private ``font_manager._load_fontmanager`` (both once happened on
@@ -21,8 +21,8 @@ import torch  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 from matplotlib.ft2font import FT2Font  # noqa: E402
 
-from attn_lib import plotting  # noqa: E402
-from attn_lib import worked_example as we  # noqa: E402
+from attn_lib.figures import plotting  # noqa: E402
+from attn_lib.core import worked_example as we  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,9 +83,9 @@ def test_setup_chinese_font_is_the_one_global_switch(default_rc):
 
 
 def test_no_private_matplotlib_api():
-    source = (ROOT / "attn_lib" / "plotting.py").read_text(encoding="utf-8")
+    source = (ROOT / "attn_lib" / "figures" / "plotting.py").read_text(encoding="utf-8")
     private = re.findall(r"(?:font_manager|mpl|matplotlib|plt)\._\w+", source)
-    assert not private, f"attn_lib/plotting.py uses private matplotlib names: {private}"
+    assert not private, f"attn_lib/figures/plotting.py uses private matplotlib names: {private}"
     assert "rcParams[" not in source.split("def setup_chinese_font", 1)[0], "rcParams set outside setup_chinese_font"
 
 
@@ -154,7 +154,7 @@ def test_plots_use_a_cjk_font_and_label_cells():
 
 
 def test_missing_font_message(monkeypatch):
-    from attn_lib import fonts
+    from attn_lib.figures import fonts
 
     monkeypatch.setattr(fonts, "find_chinese_font", lambda: None)  # no system font and no bundled one
     with pytest.warns(UserWarning, match="fonts-noto-cjk"):

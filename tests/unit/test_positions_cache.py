@@ -1,4 +1,4 @@
-"""Positions (attn_lib.positions: the sinusoidal table, RoPE) and the KV cache (attn_lib.kv_cache).
+"""Positions (attn_lib.layers.positions: the sinusoidal table, RoPE) and the KV cache (attn_lib.layers.kv_cache).
 
 Every check compares against an answer computed independently: the sinusoidal formula with
 Python's math module, RoPE as a multiplication of complex numbers, and one causal forward
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import KVCache, MultiHeadAttention, apply_rotary, padding_mask, sinusoidal_positions, tiny_model
+from attn_lib import KVCache, MultiHeadAttention, apply_rotary, padding_mask, sinusoidal_positions
+from attn_lib.models import tiny_model
 from attn_lib.tolerances import assert_close, tolerance
 
 from attn_paths import DISTINGUISHABLE
@@ -188,24 +189,24 @@ def test_apply_rotary_puts_the_positions_on_the_device_of_x():
 
 def _tiny(positions, max_len):
     torch.manual_seed(0)
-    return tiny_model.TinyItModel(len(attn_lib.it_data.VOCAB), len(attn_lib.it_data.OBJECTS), positions=positions,
+    return tiny_model.TinyItModel(len(attn_lib.models.it_data.VOCAB), len(attn_lib.models.it_data.OBJECTS), positions=positions,
                                   max_len=max_len)
 
 
 def test_tiny_model_takes_a_sentence_as_long_as_its_position_table():
     model = _tiny("sinusoidal", 5)
     scores, weights = model(torch.zeros(2, 5, dtype=torch.int64), torch.tensor([5, 4]), torch.tensor([0, 1]))
-    assert scores.shape == (2, len(attn_lib.it_data.OBJECTS)) and weights.shape[-2:] == (5, 5)
+    assert scores.shape == (2, len(attn_lib.models.it_data.OBJECTS)) and weights.shape[-2:] == (5, 5)
 
 
 def test_a_rope_tiny_model_has_no_position_table_to_outgrow():
     model = _tiny("rope", 4)  # max_len sizes only the sinusoidal table
     scores, weights = model(torch.zeros(2, 6, dtype=torch.int64), torch.tensor([6, 6]), torch.tensor([0, 1]))
-    assert scores.shape == (2, len(attn_lib.it_data.OBJECTS)) and weights.shape[-2:] == (6, 6)
+    assert scores.shape == (2, len(attn_lib.models.it_data.OBJECTS)) and weights.shape[-2:] == (6, 6)
 
 
 def test_train_takes_a_learning_rate_below_one_and_returns_one_loss_per_step():
-    data = attn_lib.it_data.encode(attn_lib.it_data.make_split("train", 8))
+    data = attn_lib.models.it_data.encode(attn_lib.models.it_data.make_split("train", 8))
     losses = tiny_model.train(_tiny("sinusoidal", 64), data, steps=2, batch_size=4, lr=0.5)
     assert len(losses) == 2 and all(isinstance(v, float) and math.isfinite(v) for v in losses)
     assert tiny_model.train(_tiny("sinusoidal", 64), data, steps=0, batch_size=1, lr=3) == []  # an int lr, no step

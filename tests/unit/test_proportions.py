@@ -1,8 +1,8 @@
-"""attn_lib.proportions: why proportions must sum to 1 (chapter 03's measurement)."""
+"""attn_lib.core.proportions: why proportions must sum to 1 (chapter 03's measurement)."""
 import pytest
 import torch
 
-from attn_lib.proportions import WEIGHTINGS, mean_output_norm, weights_from_scores
+from attn_lib.core.proportions import WEIGHTINGS, mean_output_norm, weights_from_scores
 from attn_lib.tolerances import assert_close
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import attn_lib
-from attn_lib import numpy_ref
+from attn_lib.core import numpy_ref
 from attn_lib.tolerances import assert_close
 
 from attn_paths import randn64
@@ -121,7 +121,7 @@ def test_numpy_additive_mask_and_scale():
 
 
 def test_worked_example_numbers():
-    from attn_lib import worked_example as we
+    from attn_lib.core import worked_example as we
 
     q, k, v = we.as_tensors()
     out, scores = attn_lib.attention(q, k, v)

@@ -1,14 +1,14 @@
 """Grouped-query attention (``enable_gqa``) and sliding windows (``window_size``) on the float64 reference
 ``attn_lib.attention`` / ``_attention_core`` and the mask builder ``attn_lib.sliding_window_mask``, against
 independent oracles: torch SDPA with ``enable_gqa=True`` and an explicit band mask built by a loop here
-(not from ``attn_lib._band``), and the reference itself with K, V repeated by hand."""
+(not from ``attn_lib.rules.band``), and the reference itself with K, V repeated by hand."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 import attn_lib
-from attn_lib.io_model import largest_tensor
-from attn_lib.reference import _attention_core
+from attn_lib.costs.io_model import largest_tensor
+from attn_lib.core.reference import _attention_core
 from attn_lib.tolerances import assert_close
 
 HEADS = [(6, 2), (8, 1), (4, 4)]  # (H, H_kv): GQA, MQA, plain multi-head
@@ -130,7 +130,7 @@ def test_fully_hidden_rows_give_zeros_and_zero_gradients():
 
 
 def test_reference_never_repeats_k_and_v():
-    """What it measures: the largest tensor any aten op returns during the call (attn_lib.io_model.largest_tensor).
+    """What it measures: the largest tensor any aten op returns during the call (attn_lib.costs.io_model.largest_tensor).
     Here L is small and D large, so K, V repeated to H heads (B·H·S·D) would be the largest tensor by far; the
     call stays at the (B, H, L, S) scores or the inputs."""
     B, H, Hkv, L, S, D = 1, 8, 1, 2, 16, 32

@@ -1,11 +1,11 @@
-"""attn_lib.scaling: the measurements behind chapter 04 (spread of q·k, softmax saturation, gradients)."""
+"""attn_lib.core.scaling: the measurements behind chapter 04 (spread of q·k, softmax saturation, gradients)."""
 import math
 
 import pytest
 import torch
 
 from attn_lib import softmax
-from attn_lib.scaling import (
+from attn_lib.core.scaling import (
     Saturation,
     random_unit_variance,
     score_std,

@@ -1,9 +1,10 @@
-"""attn_lib.seed_study: chapter 10's seed study, on a small data set (the full one is tests/book/test_seed_study.py)."""
+"""attn_lib.models.seed_study: chapter 10's seed study, on a small data set (the full one is tests/book/test_seed_study.py)."""
 import pytest
 import torch
 
-from attn_lib import it_data, tiny_model
-from attn_lib.seed_study import DIGITS, KINDS, seed_study
+from attn_lib.models import it_data
+from attn_lib.models import tiny_model
+from attn_lib.models.seed_study import DIGITS, KINDS, seed_study
 
 
 def test_seed_study_measures_what_a_hand_written_run_measures():

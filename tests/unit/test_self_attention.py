@@ -4,7 +4,8 @@ import math
 import torch
 
 import attn_lib
-from attn_lib import SelfAttention, worked_example as we
+from attn_lib import SelfAttention
+from attn_lib.core import worked_example as we
 from attn_lib.tolerances import assert_close
 
 

@@ -1,4 +1,4 @@
-"""Similarity (attn_lib.similarity): dot products and distances, numpy and torch, against loops."""
+"""Similarity (attn_lib.core.similarity): dot products and distances, numpy and torch, against loops."""
 import numpy as np
 import pytest
 import torch

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_lib
-from attn_lib import numpy_ref
+from attn_lib.core import numpy_ref
 from attn_lib.tolerances import assert_close
 
 from attn_paths import randn64
@@ -72,7 +72,7 @@ def test_16_bit_softmax_with_a_dead_row_keeps_its_dtype():
 
 
 def test_softmax_with_max_keeps_the_dtype_and_the_row_check_does_not_scan(monkeypatch):
-    sm = importlib.import_module("attn_lib.stable_softmax")  # the module (attn_lib.softmax is the function)
+    sm = importlib.import_module("attn_lib.core.softmax")  # the module (attn_lib.softmax is the function)
     x = torch.tensor([[0.5, 1.0], [float("-inf"), float("-inf")]], dtype=torch.float16)
     live = x[:1]
     assert sm.softmax_with_max(live, live.amax(-1, keepdim=True), 1).dtype == torch.float16
@@ -81,7 +81,7 @@ def test_softmax_with_max_keeps_the_dtype_and_the_row_check_does_not_scan(monkey
     def no_scan(*a, **k):
         raise AssertionError("finite row maxima: check_row_max must not scan the scores")
 
-    checks = importlib.import_module("attn_lib._validate.tensors")  # where check_row_max lives
+    checks = importlib.import_module("attn_lib.checks.tensors")  # where check_row_max lives
     monkeypatch.setattr(checks, "check_scores_finite", no_scan)
     checks.check_row_max(x, x.amax(-1, keepdim=True))  # one -inf row max: allowed, no scan
     assert (attn_lib.softmax(x)[1] == 0).all()

@@ -1,7 +1,7 @@
-"""attn_lib.text_table: columns line up when a Han character takes two columns."""
+"""attn_lib.figures.text_table: columns line up when a Han character takes two columns."""
 import pytest
 
-from attn_lib.text_table import display_width, text_table
+from attn_lib.figures.text_table import display_width, text_table
 
 
 def test_display_width_counts_han_as_two():

@@ -1,4 +1,4 @@
-"""Chapter 13's corpus (attn_lib.lm_data) and tiny causal language model (attn_lib.tiny_lm).
+"""Chapter 13's corpus (attn_lib.models.lm_data) and tiny causal language model (attn_lib.models.tiny_lm).
 
 The model is trained once for the module (chapter 13's experiment, one thread, about 15 s);
 generation with and without the cache: test_generate.py; bad input:
@@ -14,7 +14,10 @@ from collections import Counter
 import pytest
 import torch
 
-from attn_lib import KVCache, generate, it_data, lm_data, tiny_lm
+from attn_lib import KVCache, generate
+from attn_lib.models import it_data
+from attn_lib.models import lm_data
+from attn_lib.models import tiny_lm
 from attn_lib.tolerances import assert_close
 
 
@@ -221,7 +224,9 @@ def test_verb_step_attention_is_the_last_row_of_the_scores(experiment):
 # (two runs: also a rerun).
 _TRAIN_AND_GENERATE = r"""
 import hashlib, torch
-from attn_lib import generate, lm_data, tiny_lm
+from attn_lib import generate
+from attn_lib.models import lm_data
+from attn_lib.models import tiny_lm
 started_with = torch.get_num_threads()
 torch.set_num_threads(1)
 model = tiny_lm.build_lm(seed=0)

@@ -1,11 +1,13 @@
-"""The 「它」 data set (attn_lib.it_data) and the tiny model trained on it (attn_lib.tiny_model)."""
+"""The 「它」 data set (attn_lib.models.it_data) and the tiny model trained on it (attn_lib.models.tiny_model)."""
 import os
 import subprocess
 import sys
 
 import torch
 
-from attn_lib import KVCache, it_data, tiny_model
+from attn_lib import KVCache
+from attn_lib.models import it_data
+from attn_lib.models import tiny_model
 
 
 def test_data_splits_are_disjoint_and_deterministic():
@@ -37,7 +39,8 @@ def test_data_labels_are_right_and_position_alone_fails():
 # of the losses and weights; run in fresh processes started with 1 and with 2 threads.
 _TRAIN_ONE_THREAD = r"""
 import hashlib, torch
-from attn_lib import it_data, tiny_model
+from attn_lib.models import it_data
+from attn_lib.models import tiny_model
 started_with = torch.get_num_threads()
 torch.set_num_threads(1)
 model = tiny_model.build_model("rope", seed=0)

@@ -7,7 +7,9 @@ smaller projection, and still learns; ``without_head`` removes one query head's 
 import pytest
 import torch
 
-from attn_lib import count_parameters, it_data, tiny_model
+from attn_lib import count_parameters
+from attn_lib.models import it_data
+from attn_lib.models import tiny_model
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
-"""The worked example's data (attn_lib.worked_example): keys, values, query and positions agree."""
+"""The worked example's data (attn_lib.core.worked_example): keys, values, query and positions agree."""
 import torch
 
-from attn_lib import worked_example as we
+from attn_lib.core import worked_example as we
 
 
 def test_worked_example_data_is_consistent():
