@@ -23,10 +23,12 @@ from .core import numpy_ref
 from .models import tiny_lm
 from .models import tiny_model
 from .core import worked_example
-from .layers.dispatch import BACKENDS
-from .flash.decoding import flash_decoding, merge_partials
+from .rules.names import BACKENDS
+from .flash.decoding import flash_decoding
+from .flash.splits import merge_partials
 from .device import cuda_available, default_device, try_gpu
-from .flash.autograd import flash_attention, flash_attention_triton, flash_attention_triton_backward
+from .flash.autograd import flash_attention
+from .flash.triton.entry import flash_attention_triton, flash_attention_triton_backward
 from .flash.tiled_forward import flash_attention_torch
 from .models.generation import generate
 from .flash.tiled_backward import flash_attention_torch_backward
@@ -35,7 +37,8 @@ from .layers.kv_cache import KVCache
 from .costs.io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
 from .core.lookup import hard_lookup, soft_lookup
 from .core.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask, sliding_window_mask
-from .layers.multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
+from .layers.multihead import MultiHeadAttention, count_parameters, merge_heads, split_heads
+from .layers.multihead_looped import LoopedMultiHeadAttention
 from .layers.positions import apply_rotary, sinusoidal_positions
 from .core.online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
                              online_weighted_sum)

@@ -1,19 +1,29 @@
-"""第 13 章（书中不单独讲）：解码一步（FlashDecoding）多出来的检查——缓存长度 cache_seqlens、切分数 num_splits、查询数、合并的输入。
+"""第 13 章（书中不单独讲）：一步解码（flash_decoding）的门和它多出来的检查——新的键值、缓存长度 cache_seqlens、切分数 num_splits、查询数、合并的输入。
 
 Worded as every other check ("<argument> must be <expected>, got <found>; <remedy>"; TypeError
 for a wrong type, ValueError for a wrong value):
 
+- ``check_decode_call``: the door of ``attn_lib.flash_decoding`` (one entry per call); returns
+  its ``DecodeSettings``;
 - ``check_decode_queries``: the L new queries are the last L positions of the cache, so L <= S_max;
-- ``check_cache_seqlens``: None, or an integer tensor (B,) on q's device with every length in 0 .. S_max;
-- ``check_num_splits``: None (choose), or an int >= 1;
-- ``check_partials``: the per-split outputs (..., P, Dv) and log-sum-exps (..., P) of ``merge_partials``.
+- ``check_cache_seqlens``: None, or an integer tensor (B,) on q's device with every length in
+  0 .. S_max - S_new (room for the S_new new keys appended after them);
+- ``check_num_splits``: None or 0 (choose, flash-attn's 0), or an int >= 1;
+- ``check_partials``: the per-split outputs (..., P, Dv) and log-sum-exps (..., P) of ``merge_partials``;
+- ``check_split_bounds``: ``split_bounds``' sizes.
 """
 from __future__ import annotations
 
 import torch
 
-from .tensors import check_all_finite, check_float_tensor, check_on_q_device, check_tensor
-from .values import check_positive_int
+from ..rules.names import FLASH_BACKENDS
+from ..rules.numerics import resolve_scale, work_dtype
+from ..rules.settings import DecodeSettings, Options
+from .flash import check_no_grad_needed, check_triton, triton_available
+from .shapes import check_rank, check_same_device, check_same_dtype
+from .tensors import all_finite, check_all_finite, check_attention_inputs, check_float_tensor, check_on_q_device
+from .tensors import check_tensor
+from .values import check_bool, check_choice, check_int, check_positive_int
 
 INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 
@@ -28,9 +38,10 @@ def check_decode_queries(L: int, S: int) -> None:
 
 
 def check_cache_seqlens(cache_seqlens, B: int, S: int, device):
-    """cache_seqlens：None（每条都用满 S_max 个键），或整数张量 (B,)，与 q 同设备，每个长度在 0 .. S_max 之间；返回它。
+    """cache_seqlens：None（每条都用满 S 个键），或整数张量 (B,)，与 q 同设备，每个长度在 0 .. S 之间；返回它。
 
-    One reduction and one host sync (the smallest and the largest length).
+    S is S_max minus the new keys appended after the lengths. One reduction and one host sync
+    (the smallest and the largest length).
     """
     if cache_seqlens is None:
         return None
@@ -50,18 +61,93 @@ def check_cache_seqlens(cache_seqlens, B: int, S: int, device):
         low, high = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
         if low < 0 or high > S:
             raise ValueError(
-                f"cache_seqlens must hold lengths in 0 .. S_max = {S} (entry b uses keys 0 .. cache_seqlens[b] - 1 "
-                f"of the cache), got lengths from {low} to {high}; clamp them with cache_seqlens.clamp(0, {S}) "
-                "or pass a longer cache"
+                f"cache_seqlens must hold lengths in 0 .. {S} (entry b uses keys 0 .. cache_seqlens[b] - 1 "
+                f"of the cache, and new keys go after them), got lengths from {low} to {high}; clamp them with "
+                f"cache_seqlens.clamp(0, {S}) or pass a longer cache"
             )
     return cache_seqlens
 
 
 def check_num_splits(num_splits):
-    """num_splits：None（按 B·H_kv 和 S 自动选），或 >= 1 的整数；返回 int 或 None。"""
+    """num_splits：None 或 0（按 B·H_kv 和 S 自动选，0 是 flash-attn 的写法），或 >= 1 的整数；返回 int 或 None。"""
     if num_splits is None:
         return None
-    return check_positive_int("num_splits", num_splits)
+    num_splits = check_int("num_splits", num_splits, 0)
+    return num_splits or None
+
+
+def check_split_bounds(S, num_splits, block_n) -> tuple[int, int, int]:
+    """split_bounds 的参数：S >= 0，num_splits >= 1，block_n >= 1；返回这三个 int。"""
+    return check_int("S", S, 0), check_positive_int("num_splits", num_splits), check_positive_int("block_n", block_n)
+
+
+def _check_new_keys(k, v, caches, seqlens) -> int:
+    """k, v appended at cache_seqlens: both or neither, (B, H_kv, S_new, D) / (.., Dv) like the cache; returns S_new."""
+    if k is None and v is None:
+        return 0
+    if k is None or v is None:
+        raise ValueError("k and v must be given together (the new keys and their values), got only "
+                         f"{'k' if v is None else 'v'}; pass both, or neither to attend over the cache as it is")
+    if seqlens is None:
+        raise ValueError("cache_seqlens must be given with new k and v (they are written at positions "
+                         "cache_seqlens[b] .. cache_seqlens[b] + S_new - 1), got None; e.g. "
+                         "cache_seqlens=torch.zeros(B, dtype=torch.int32) for empty caches")
+    for name, t, cache in (("k", k, caches[0]), ("v", v, caches[1])):
+        check_float_tensor(name, t)
+        check_rank(name, t, 4, "(B, H_kv, S_new, D)")
+        want = (cache.shape[0], cache.shape[1], k.shape[2], cache.shape[3])
+        if tuple(t.shape) != want:
+            raise ValueError(f"{name} must have shape (B, H_kv, S_new, D) = {want} like {name}_cache's "
+                             f"{tuple(cache.shape)}, got {tuple(t.shape)}")
+    check_same_dtype(("k_cache", "k", "v"), (caches[0].dtype, k.dtype, v.dtype))
+    check_same_device(("k_cache", "k", "v"), (caches[0], k, v))
+    return int(k.shape[2])
+
+
+def _check_read_finite(caches, seqlens, new) -> None:
+    """nan / inf where the step reads: the cache's first cache_seqlens[b] positions, and the new k, v."""
+    for name, cache in zip(("k_cache", "v_cache"), caches):
+        if seqlens is None:
+            check_all_finite(name, cache)
+            continue
+        used = torch.arange(cache.shape[2], device=cache.device)[None, :] < seqlens[:, None].long()  # (B,S_max)
+        read = torch.where(used[:, None, :, None], cache.detach(), 0.0)  # (B,H_kv,S_max,X): the unused tail as 0
+        if cache.numel() and not all_finite(read):
+            raise ValueError(f"{name} contains nan or inf in the positions the step reads (keys 0 .. "
+                             f"cache_seqlens[b] - 1; the tail after them is never read); attention would turn it "
+                             "into nan. Check the layer that produced it.")
+    for name, t in zip(("k", "v"), new):
+        if t is not None:
+            check_all_finite(name, t)
+
+
+def check_decode_call(q, caches, new, options: Options, triton_mode) -> DecodeSettings:
+    """flash_decoding 的门（唯一一处）：q、缓存 (k_cache, v_cache)、新的 (k, v)、cache_seqlens、is_causal、scale、enable_gqa、num_splits、backend。
+
+    Args:
+        caches: ``(k_cache, v_cache)``; new: ``(k, v)``, each None or the new keys / values.
+        triton_mode: ``attn_lib.device.triton_interprets`` (called only for the Triton backend).
+
+    Returns:
+        The step's ``DecodeSettings`` (seqlens: the lengths the attention reads, after the append).
+    """
+    backend = check_choice("backend", options.backend, FLASH_BACKENDS)
+    if backend == "auto":
+        backend = "triton" if isinstance(q, torch.Tensor) and q.is_cuda and triton_available() else "torch"
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, *caches, None, options.scale, check_finite=False,
+                                                        enable_gqa=options.enable_gqa)
+    S_new = _check_new_keys(*new, caches, options.cache_seqlens)
+    seqlens = check_cache_seqlens(options.cache_seqlens, B, S - S_new, q.device)
+    check_decode_queries(L, S)
+    num_splits, is_causal = check_num_splits(options.num_splits), check_bool("is_causal", options.is_causal)
+    if backend == "triton":
+        check_triton(q.dtype, q.device, (D, Dv), triton_mode)
+    check_no_grad_needed("flash_decoding", q, *caches, *new)
+    check_all_finite("q", q)
+    _check_read_finite(caches, seqlens, new)
+    read = None if seqlens is None else seqlens + S_new  # (B,): the keys the step attends over, after the append
+    return DecodeSettings(scale=resolve_scale(scale, D), work_dtype=work_dtype(q.dtype), seqlens=read,
+                          is_causal=is_causal, num_splits=num_splits, backend=backend)
 
 
 def check_partials(outs, lses) -> None:
@@ -88,4 +174,5 @@ def check_partials(outs, lses) -> None:
         )
 
 
-__all__ = ["check_decode_queries", "check_cache_seqlens", "check_num_splits", "check_partials", "INT_DTYPES"]
+__all__ = ["check_decode_call", "check_decode_queries", "check_cache_seqlens", "check_num_splits", "check_partials",
+           "check_split_bounds", "INT_DTYPES"]

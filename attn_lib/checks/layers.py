@@ -1,41 +1,27 @@
-"""第 5、7、10 章共用（书中不单独讲）：层的入口检查——一次层调用只在这里检查一次，之后的代码不再检查。
+"""第 5、7、10、12、13 章共用（书中不单独讲）：层的门——一次层调用只在这里检查一次，返回这次调用的设置，之后的代码不再检查。
 
-One function per door: ``check_self_attention_call`` (chapter 5's ``SelfAttention``) and
-``check_layer_call`` (chapter 7's two multi-head classes and chapter 10's rotary one; the KV
-cache's own door ``KVCache.append`` is in ``_validate/sequences.py``; head counts, windows and the
-layer's ``kv_cache`` argument in ``_validate/heads.py``). Each checks everything a call could get wrong,
-*before* anything changes (a KV cache is extended only after the whole call succeeded), scans
-each distinct input for nan / inf at most once (``check_finite``), and leaves the shaping of
-masks and the choice of attention path to ``attn_lib.layers.dispatch``.
+One door per layer entry: ``check_self_attention_call`` (chapter 5's ``SelfAttention``) and
+``check_layer_call`` (chapter 7's two multi-head classes and chapter 10's rotary one). Each
+checks everything a call could get wrong, *before* anything changes (a KV cache is extended
+only after the whole call succeeded), scans each distinct input for nan / inf at most once
+(``check_finite``), and returns the call's ``AttentionSettings`` (``attn_lib.rules.settings.
+layer_settings``); the shaping of masks and the choice of attention path are
+``attn_lib.layers.dispatch``'s. The constructor's checks and the ``kv_cache`` argument's are in
+``checks/heads.py``.
 """
 from __future__ import annotations
 
 import torch
 
-from ..layers.dispatch import BACKENDS
-from . import all_finite, check_bool, check_last_dim, check_mask, check_mask_shape, check_rank, check_triton_device
-from .flash import MAX_HEAD_DIM
-from .heads import check_cache_fits, check_heads, check_kv_cache, check_layer_window  # noqa: F401  (re-exported)
+from ..rules.numerics import projection_dtype
+from ..rules.settings import AttentionSettings, layer_settings
+from .flash import check_triton
+from .heads import check_backend, check_kv_cache  # noqa: F401  (check_backend: re-exported)
+from .shapes import check_mask_shape, check_rank
+from .tensors import all_finite, check_mask
+from .values import check_bool, check_divisible, check_last_dim
 
 _NO_SCORES = ("sdpa", "torch", "triton")  # backends that never store the (L, S) scores
-
-
-def check_backend(backend) -> str:
-    """检查层的 backend 参数：必须是 attn_lib.BACKENDS 里的一个名字。"""
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be one of {BACKENDS}, got {backend!r} ({type(backend).__name__})")
-    if backend not in BACKENDS:
-        hint = "; the tiled FlashAttention path is now 'torch' (or 'triton')" if backend == "flash" else ""
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}{hint}")
-    return backend
-
-
-def check_layer_settings(layer, bias, is_causal, backend, check_finite) -> None:
-    """所有层共用的构造参数检查：bias、is_causal、check_finite 是 True / False，backend 是已知名字。"""
-    check_bool("bias", bias)
-    layer.is_causal = check_bool("is_causal", is_causal)
-    layer.backend = check_backend(backend)
-    layer.check_finite = check_bool("check_finite", check_finite)
 
 
 def check_need_weights(need_weights, backend: str) -> None:
@@ -60,8 +46,15 @@ def check_sequence_layout(x, rank: int, layout: str) -> None:
     check_rank("x", x, rank, layout)
 
 
+def check_heads_split(x, num_heads) -> int:
+    """split_heads 的参数：x 是 (B, L, C) 张量，num_heads 整除 C；返回 int(num_heads)。"""
+    check_sequence_layout(x, 3, "(B, L, C)")
+    check_divisible(x.shape[-1], num_heads)
+    return int(num_heads)
+
+
 def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype, check_finite: bool = True) -> None:
-    """检查 (B, L, C) 形状的输入：是张量、是 3 维、最后一维等于 d_model、精度与参数相同。
+    """检查 (B, L, C) 形状的输入：是张量、是 3 维、最后一维等于 d_model、精度与参数相同（autocast 时也收它的精度）。
 
     Args:
         name: the argument's name for the message, e.g. ``"query"``.
@@ -75,7 +68,7 @@ def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype, check_f
     check_last_dim(name, x, d_model, "the layer's d_model")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {x.dtype}; convert with {name}.to({dtype})")
-    if x.dtype != dtype:
+    if x.dtype != dtype and x.dtype != projection_dtype(dtype, x.device):
         raise TypeError(
             f"{name} has dtype {x.dtype} but the layer's parameters are {dtype}; "
             f"convert one of them, e.g. layer.to({x.dtype}) or {name}.to({dtype})"
@@ -84,19 +77,20 @@ def check_sequence_input(name: str, x, d_model: int, dtype: torch.dtype, check_f
         raise ValueError(f"{name} contains nan or inf; the layer would turn it into nan. Check what produced it.")
 
 
-def check_layer_mask(mask, B: int, H: int, L: int, S: int, device, *, backend: str, check_finite: bool) -> None:
+def check_layer_mask(mask, shape: tuple, device, backend: str, check_finite: bool) -> None:
     """检查层的 mask 参数：3 维一律是 (B, L, S)（各头共用），4 维是 (B, H, L, S)；分块后端只收键填充掩码。
 
     Args:
         mask: None, or a bool / additive float tensor: (S,) or (L, S) for the whole batch,
             (B, L, S) one pattern per sequence, (B, H, L, S) per head (any axis may be 1).
-        B, H, L, S: the scores' sizes (S counts every key, cached ones included).
+        shape: the scores' (B, H, L, S) (S counts every key, cached ones included).
         device: the inputs' device.
         backend: the layer's backend ("torch" / "triton" take only a bool key padding mask).
         check_finite: also look for nan / +inf in a float mask.
     """
     if mask is None:
         return
+    B, H, L, S = shape
     if isinstance(mask, torch.Tensor) and mask.ndim == 4 and mask.shape[1] not in (1, H):
         raise ValueError(f"mask has {mask.shape[1]} heads on axis 1, expected {'1' if H == 1 else f'1 or {H}'}")
     if isinstance(mask, torch.Tensor) and mask.ndim == 3 and (mask.dtype == torch.bool or mask.is_floating_point()):
@@ -120,27 +114,6 @@ def check_layer_mask(mask, B: int, H: int, L: int, S: int, device, *, backend: s
             )
 
 
-def check_flash_inputs(backend: str, x, D: int, Dv: int) -> None:
-    """Triton 后端的额外限制（与 flash_attention 同一措辞）：不收 float64，头维度不超过 256，张量在它能跑的设备上。
-
-    Args:
-        backend: the layer's backend (nothing to check unless "triton").
-        x: the layer's input (its dtype and device are those of q, k, v).
-        D, Dv: the head dims of q / k and of v.
-    """
-    if backend != "triton":
-        return
-    if x.dtype == torch.float64:
-        raise TypeError("the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
-                        f"(got the layer's dtype {x.dtype})")
-    if max(D, Dv) > MAX_HEAD_DIM:
-        raise ValueError(f"the Triton kernel supports head dims up to {MAX_HEAD_DIM}, got D={D}, Dv={Dv}; "
-                         "use backend='torch'")
-    from ..device import triton_interprets
-
-    check_triton_device(x, triton_interprets())
-
-
 def check_matrices(w_q, w_k, w_v) -> None:
     """SelfAttention.from_matrices 的参数：三个二维矩阵，行数 C 相同，w_q 与 w_k 的列数 d_k 相同。"""
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
@@ -152,47 +125,59 @@ def check_matrices(w_q, w_k, w_v) -> None:
         raise ValueError(f"w_q and w_k must have the same number of columns d_k, got {d_k} and {d_kk}")
 
 
-def check_self_attention_call(layer, x, mask, need_weights) -> None:
-    """SelfAttention.forward 的入口检查（唯一一处）：need_weights、x、mask、后端限制。"""
+def _check_triton_layer(layer, x, dtype, head_dims: tuple, triton_mode) -> None:
+    """The Triton backend's limits (worded as flash_attention's) on what the projections give: float16 /
+    bfloat16 / float32, head dims <= 256, tensors on a device Triton runs on in this process."""
+    if layer.backend == "triton":
+        check_triton(projection_dtype(dtype, x.device), x.device, head_dims, triton_mode)
+
+
+def check_self_attention_call(layer, x, mask, need_weights, triton_mode) -> AttentionSettings:
+    """SelfAttention.forward 的门（唯一一处）：need_weights、x、mask、后端限制；返回这次调用的设置。
+
+    Args:
+        triton_mode: ``attn_lib.device.triton_interprets`` (called only for the Triton backend).
+    """
     check_need_weights(need_weights, layer.backend)
-    check_sequence_input("x", x, layer.d_model, layer.w_q.weight.dtype, layer.check_finite)
+    dtype = layer.w_q.weight.dtype
+    check_sequence_input("x", x, layer.d_model, dtype, layer.check_finite)
     B, L, _ = x.shape
-    check_layer_mask(mask, B, 1, L, L, x.device, backend=layer.backend, check_finite=layer.check_finite)
-    check_flash_inputs(layer.backend, x, layer.d_k, layer.d_v)
+    check_layer_mask(mask, (B, 1, L, L), x.device, layer.backend, layer.check_finite)
+    _check_triton_layer(layer, x, dtype, (layer.d_k, layer.d_v), triton_mode)
+    return layer_settings(layer, L, L, layer.d_k, dtype)
 
 
-def check_layer_call(layer, query, key, value, *, mask, need_weights, dtype, kv_cache=None):
-    """多头层 forward 的入口检查（唯一一处），在任何东西被改动之前；返回补齐默认值的 (key, value)。
+def check_layer_call(layer, query, key, value, mask, need_weights, kv_cache, triton_mode):
+    """多头层 forward 的门（唯一一处），在任何东西被改动之前；返回 (key, value, settings)，key、value 补齐了默认值。
 
     Args:
         layer: the multi-head layer (its d_model, num_heads, head_dim, backend, check_finite,
-            ``rotary``: RoPE layers are self-attention only).
-        query, key, value: the forward's arguments (key, value may be None).
-        mask, need_weights, kv_cache: the forward's arguments.
-        dtype: the dtype of the layer's parameters.
+            ``rotary``: RoPE layers are self-attention only; ``cache_type``: the KV cache class).
+        query, key, value, mask, need_weights, kv_cache: the forward's arguments (key, value may be None).
+        triton_mode: ``attn_lib.device.triton_interprets`` (called only for the Triton backend).
 
     Returns:
-        ``(key, value)``: ``key`` defaults to ``query``, ``value`` to ``key``.
+        ``(key, value, settings)``: ``key`` defaults to ``query``, ``value`` to ``key``; settings
+        for L queries against the stored keys and the new ones (bottom-right with a cache).
     """
     check_need_weights(need_weights, layer.backend)
     if getattr(layer, "rotary", False) and (key is not None or value is not None):
         raise ValueError(f"{type(layer).__name__} is self-attention only: leave key and value as None")
     key = query if key is None else key
     value = key if value is None else value
+    dtype = layer.out_proj.weight.dtype
     seen = []
     for name, t in (("query", query), ("key", key), ("value", value)):
         again = any(t is u for u in seen)  # self-attention: one tensor, scanned once
         check_sequence_input(name, t, layer.d_model, dtype, layer.check_finite and not again)
         seen.append(t)
     _check_key_value(query, key, value)
-    B, L, _ = query.shape
-    S = key.shape[1]
+    (B, L, _), S = query.shape, key.shape[1]
     if kv_cache is not None:
-        S += check_kv_cache(kv_cache, layer, key is query and value is query, B, dtype, query.device)
-    check_layer_mask(mask, B, layer.num_heads, L, S, query.device, backend=layer.backend,
-                     check_finite=layer.check_finite)
-    check_flash_inputs(layer.backend, query, layer.head_dim, layer.head_dim)
-    return key, value
+        S += check_kv_cache(kv_cache, layer, key is query and value is query, B, query)
+    check_layer_mask(mask, (B, layer.num_heads, L, S), query.device, layer.backend, layer.check_finite)
+    _check_triton_layer(layer, query, dtype, (layer.head_dim, layer.head_dim), triton_mode)
+    return key, value, layer_settings(layer, L, S, layer.head_dim, dtype, cached=kv_cache is not None)
 
 
 def _check_key_value(query, key, value) -> None:
@@ -208,7 +193,5 @@ def _check_key_value(query, key, value) -> None:
         )
 
 
-__all__ = ["check_backend", "check_layer_settings", "check_heads", "check_need_weights", "check_tensor_layout",
-           "check_sequence_layout", "check_sequence_input", "check_layer_mask", "check_flash_inputs", "check_matrices",
-           "check_self_attention_call", "check_layer_call", "check_kv_cache", "check_cache_fits",
-           "check_layer_window"]
+__all__ = ["check_backend", "check_heads_split", "check_need_weights", "check_tensor_layout", "check_sequence_layout", "check_sequence_input",
+           "check_layer_mask", "check_matrices", "check_self_attention_call", "check_layer_call"]

@@ -1,8 +1,11 @@
-"""第 13 章（书中不单独讲）：小语言模型和 generate 的入口检查，与其他入口同一套措辞。
+"""第 13 章（书中不单独讲）：小语言模型和 generate 的门，与其他入口同一套措辞。
 
-Token ids, the per-block KV caches, the prompts of the evaluation and the arguments of
-``attn_lib.generate`` ("<argument> must be <expected>, got <found>; <remedy>"; TypeError for a
-wrong type, ValueError for a wrong value).
+``check_lm_call`` is ``TinyLM.forward``'s door and ``check_generate_call`` ``attn_lib.generate``'s
+(one entry per call each: the blocks and the steps below them run unchecked): token ids, the
+per-block KV caches, the prompts of the evaluation and the arguments of ``generate``
+("<argument> must be <expected>, got <found>; <remedy>"; TypeError for a wrong type,
+ValueError for a wrong value). The classes they test against (``TinyLM``, ``lm_data.Prompt``,
+the layers' ``cache_type``) are passed in, so this package imports no model.
 """
 from __future__ import annotations
 
@@ -50,33 +53,40 @@ def check_caches_fit(model, ids, kv_caches) -> None:
     """每个块的缓存都能接上这批词：类型、归属、批大小、精度、设备（在任何一层改动缓存之前查完）。"""
     if kv_caches is None:
         return
-    dtype = model.embed.weight.dtype
     for block, cache in zip(model.blocks, kv_caches):
-        check_kv_cache(cache, block.attn, True, ids.shape[0], dtype, ids.device)
+        check_kv_cache(cache, block.attn, True, ids.shape[0], ids)
     seen = {c.seen for c in kv_caches}
     if len(seen) > 1:
         raise ValueError(f"kv_caches must all hold the same positions (one sequence, one cache per block), got "
                          f"seen={sorted(seen)}; reset them all before a new sequence")
 
 
-def check_prompts(prompts) -> None:
-    """评估用的提示：非空的 ``lm_data.Prompt`` 列表。"""
-    from ..models.lm_data import Prompt
+def check_lm_call(model, ids, kv_caches, need_weights) -> None:
+    """TinyLM.forward 的门（唯一一处）：词编号、每块一个缓存且都接得上、need_weights 是开关。"""
+    check_token_ids("ids", ids, model.vocab_size)
+    check_bool("need_weights", need_weights)
+    check_kv_caches(kv_caches, len(model.blocks))
+    check_caches_fit(model, ids, kv_caches)  # all of them before any block appends
 
+
+def check_prompts(prompts, prompt_type) -> None:
+    """评估用的提示：非空的 ``lm_data.Prompt``（prompt_type）列表。"""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(f"prompts must be a non-empty list of lm_data.Prompt, got {prompts!r:.60}; "
                          "use lm_data.completion_prompts()")
     for p in prompts:
-        if not isinstance(p, Prompt):
+        if not isinstance(p, prompt_type):
             raise TypeError(f"prompts must hold lm_data.Prompt, got {type(p).__name__}; "
                             "use lm_data.completion_prompts()")
 
 
-def check_generate_args(model, max_new_tokens, kv_cache, temperature, generator, trace=None) -> tuple[int, float]:
-    """generate 的参数：模型是 TinyLM，max_new_tokens >= 0，kv_cache 是开关，temperature >= 0 有限，generator 是 torch.Generator 或 None，trace 是列表或 None。"""
-    from ..models.tiny_lm import TinyLM
+def check_generate_call(model, model_type, prompt_ids, max_new_tokens, kv_cache, temperature, generator, trace):
+    """generate 的门（唯一一处）：模型是 model_type（TinyLM），提示是词编号，max_new_tokens >= 0，kv_cache 是开关，temperature >= 0 有限，generator、trace 类型对。
 
-    if not isinstance(model, TinyLM):
+    Returns:
+        ``(ids (B, L) int64, max_new_tokens, temperature)``, the prompt as a batch.
+    """
+    if not isinstance(model, model_type):
         raise TypeError(f"model must be an attn_lib.models.tiny_lm.TinyLM, got {type(model).__name__}; "
                         "build one with tiny_lm.build_lm()")
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
@@ -91,7 +101,10 @@ def check_generate_args(model, max_new_tokens, kv_cache, temperature, generator,
                         "e.g. generator=torch.Generator().manual_seed(0)")
     if trace is not None and not isinstance(trace, list):
         raise TypeError(f"trace must be a list or None, got {type(trace).__name__}; e.g. trace=[]")
-    return max_new_tokens, float(temperature)
+    ids = prompt_ids[None] if isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1 else prompt_ids  # (L,) -> (1,L)
+    check_token_ids("prompt_ids", ids, model.vocab_size, min_length=1)
+    return ids.long(), max_new_tokens, float(temperature)
 
 
-__all__ = ["check_token_ids", "check_kv_caches", "check_caches_fit", "check_prompts", "check_generate_args"]
+__all__ = ["check_token_ids", "check_kv_caches", "check_caches_fit", "check_lm_call", "check_prompts",
+           "check_generate_call"]

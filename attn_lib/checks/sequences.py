@@ -1,4 +1,4 @@
-"""第 6、10 章共用（书中不单独讲）：掩码、位置编码、KV 缓存和小模型的入口检查，与其他入口同一套措辞。
+"""第 6、10、12、13 章共用（书中不单独讲）：掩码、位置编码、KV 缓存和小模型的入口检查，与其他入口同一套措辞。
 
 Sizes go through ``check_int`` (so ``causal_mask(2.0)`` and ``sinusoidal_positions(3.0, 4)``
 word the same mistake the same way, and both take a 0-d integer tensor), flags through
@@ -11,7 +11,10 @@ import numbers
 
 import torch
 
-from . import check_bool, check_int, check_rank
+from .heads import check_cache_fits
+from .layers import check_tensor_layout
+from .shapes import check_rank
+from .values import check_align, check_bool, check_int, check_window_size
 
 
 def check_base(base) -> float:
@@ -80,11 +83,16 @@ def check_causal_args(L, S, align) -> tuple[int, int]:
     """causal_mask 的参数：L、S 是 >= 0 的整数（S 默认等于 L），align 是 "top-left" 或 "bottom-right"；返回 (L, S)。"""
     L = check_int("L", L, 0)
     S = L if S is None else check_int("S", S, 0)
-    if not isinstance(align, str):
-        raise TypeError(f'align must be the string "top-left" or "bottom-right", got {align!r}')
-    if align not in ("top-left", "bottom-right"):
-        raise ValueError(f'align must be "top-left" or "bottom-right", got {align!r}')
+    check_align(align)
     return L, S
+
+
+def check_window_mask_args(L, S, window, align) -> tuple:
+    """sliding_window_mask 的参数：L、S、align 同 causal_mask，window = (window_size, is_causal)；返回 (L, S, is_causal, (left, right))。"""
+    L, S = check_causal_args(L, S, align)
+    window_size, is_causal = window
+    is_causal = check_bool("is_causal", is_causal)
+    return L, S, is_causal, check_window_size(window_size, is_causal)
 
 
 def check_bool_mask(mask, dtype) -> None:
@@ -163,6 +171,9 @@ def check_tiny_batch(ids, lengths, it_index, max_len: int | None) -> None:
     if max_len is not None and L > max_len:
         raise ValueError(f"ids has L={L} positions but the model's position table has max_len={max_len}; "
                          f"build the model with max_len >= {L}")
+    if B and (int(lengths.min()) < 0 or int(lengths.max()) > L):
+        raise ValueError(f"lengths must be in 0..L={L} (the real tokens of each padded sentence), got lengths from "
+                         f"{int(lengths.min())} to {int(lengths.max())}")
 
 
 def check_train_args(steps, batch_size, lr) -> tuple[int, int, float]:
@@ -178,9 +189,6 @@ def check_train_args(steps, batch_size, lr) -> tuple[int, int, float]:
 
 def check_cache_append(cache, k, v) -> None:
     """KVCache.append 的入口检查：k (B, H, S, D)、v (B, H, S, Dv) 是同精度同设备的浮点张量，且与缓存相容。"""
-    from .heads import check_cache_fits
-    from .layers import check_tensor_layout  # (layers imports the mask check, which imports masks)
-
     for name, t in (("k", k), ("v", v)):
         check_tensor_layout(name, t, "(B, H, S, D)")
         check_rank(name, t, 4, "(B, H, S, D)")
@@ -194,7 +202,7 @@ def check_cache_append(cache, k, v) -> None:
             f"v is {tuple(v.shape)} on {v.device}"
         )
     B, H, _, D = k.shape
-    check_cache_fits(cache, B, H, D, v.shape[-1], k.dtype, k.device)
+    check_cache_fits(cache, (B, H, D, v.shape[-1]), k.dtype, k.device)
 
 
 def check_cache_mask_args(cache, L, is_causal) -> int:
@@ -209,6 +217,6 @@ def check_cache_mask_args(cache, L, is_causal) -> int:
     return L
 
 
-__all__ = ["check_causal_args", "check_bool_mask", "check_additive_mask", "check_base", "check_sinusoidal_args", "check_rotary_args", "check_lengths", "check_tiny_batch",
+__all__ = ["check_causal_args", "check_window_mask_args", "check_bool_mask", "check_additive_mask", "check_base", "check_sinusoidal_args", "check_rotary_args", "check_lengths", "check_tiny_batch",
            "check_train_args", "check_cache_append",
            "check_cache_mask_args"]

@@ -30,14 +30,16 @@ def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
         )
 
 
-def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool | None = False) -> tuple[int, int, int, int, int, int]:
+def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool = False,
+                     gqa_keyword: bool = True) -> tuple[int, int, int, int, int, int]:
     """检查 q (B,H,L,D)、k (B,H_kv,S,D)、v (B,H_kv,S,Dv) 的形状是否相容，返回 (B, H, L, S, D, Dv)。
 
     Args:
         q: (B, H, L, D); k: (B, H_kv, S, D); v: (B, H_kv, S, Dv) (torch tensors or numpy arrays).
         enable_gqa: True lets k, v have H_kv heads with H % H_kv == 0 (grouped-query
-            attention); False (the default) needs H_kv = H; None: the caller has no
-            ``enable_gqa`` keyword (the remedy then names ``attn_lib.attention``).
+            attention); False (the default) needs H_kv = H (already checked to be a bool).
+        gqa_keyword: False when the caller has no ``enable_gqa`` keyword (the remedy then
+            names ``attn_lib.attention``).
 
     Returns:
         ``(B, H, L, S, D, Dv)`` as ints (H: q's heads).
@@ -53,7 +55,7 @@ def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool | None = False)
             "q, k and v must share batch and head sizes (B, H): "
             f"q has {(B, H)}, k has {(Bk, Hk)}, v has {(Bv, Hv)}."
         )
-    _check_kv_heads(H, Hk, enable_gqa)
+    _check_kv_heads(H, Hk, enable_gqa if gqa_keyword else None)
     if Dk != D:
         raise ValueError(
             f"q and k must have the same head dim D (last axis): q has D={D}, k has D={Dk}. "

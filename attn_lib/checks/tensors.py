@@ -1,4 +1,4 @@
-"""第 3–9 章共用（书中不单独讲）：张量和数组本身的检查——类型、浮点精度、nan / inf，以及注意力的全部输入。"""
+"""第 3–13 章共用（书中不单独讲）：张量和数组本身的检查——类型、浮点精度、nan / inf，以及注意力的全部输入。"""
 from __future__ import annotations
 
 from typing import Any
@@ -149,7 +149,7 @@ def check_mask(mask: Any, target: tuple, device, *, check_finite: bool, name: st
 
 
 def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True, refuse_3d_mask=False,
-                           enable_gqa: bool | None = False):
+                           enable_gqa=False, gqa_keyword: bool = True):
     """检查 attention 的全部输入，返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
 
     Args:
@@ -161,8 +161,9 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True,
             part that reads the data (on CUDA: a host sync); pass False when the caller has
             already checked, or knowingly skips it.
         refuse_3d_mask: refuse a 3-D mask (ambiguous: (B, L, S) or (H, L, S)).
-        enable_gqa: let k, v have H_kv heads dividing H (see ``check_qkv_shapes``; None: the
-            caller has no such keyword).
+        enable_gqa: let k, v have H_kv heads dividing H (see ``check_qkv_shapes``); True or False.
+        gqa_keyword: False when the caller has no ``enable_gqa`` keyword (``enable_gqa`` is then
+            not read).
 
     Returns:
         ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
@@ -171,8 +172,8 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True,
         check_float_tensor(name, t, twin="attention")
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
     check_same_device(("q", "k", "v"), (q, k, v))
-    gqa = None if enable_gqa is None else check_bool("enable_gqa", enable_gqa)
-    dims = check_qkv_shapes(q, k, v, enable_gqa=gqa)
+    gqa = check_bool("enable_gqa", enable_gqa) if gqa_keyword else False
+    dims = check_qkv_shapes(q, k, v, enable_gqa=gqa, gqa_keyword=gqa_keyword)
     B, H, L, S, _, _ = dims
     if check_bool("check_finite", check_finite):
         for name, t in (("q", q), ("k", k), ("v", v)):
@@ -191,7 +192,7 @@ def check_attention_arrays(q, k, v, mask=None, scale=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_array(name, t)
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
-    dims = check_qkv_shapes(q, k, v, enable_gqa=None)
+    dims = check_qkv_shapes(q, k, v, gqa_keyword=False)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_all_finite(name, t)
     if mask is not None:

@@ -1,9 +1,11 @@
-"""第 3–9 章共用（书中不单独讲）：标量参数的检查——开关、大小、缩放系数、选项、轴。"""
+"""第 3–13 章共用（书中不单独讲）：标量参数的检查——开关、大小、缩放系数、滑动窗口、对齐、选项、轴。"""
 from __future__ import annotations
 
 import math
 import numbers
 from typing import Any
+
+from ..rules.names import ALIGNMENTS
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -103,17 +105,21 @@ def check_scale(scale: Any) -> float | None:
 
 
 def check_window_size(window_size: Any, is_causal: bool = False) -> tuple[int, int]:
-    """检查滑动窗口 window_size=(left, right)：两个 >= -1 的整数（元组或列表），-1 表示那一侧不限；因果时 right 只能是 0 或 -1。
+    """检查滑动窗口 window_size=(left, right)：None（不加窗口），或两个 >= -1 的整数（元组或列表），-1 表示那一侧不限；因果时 right 只能是 0 或 -1。
 
-    flash-attn's meaning: query i sees key j iff ``i - left <= j <= i + right``.
+    flash-attn's meaning: query i sees key j iff ``i + offset - left <= j <= i + offset + right``
+    (offset: the alignment, 0 top-left, S - L bottom-right). A side wider than any sequence is
+    allowed (it limits nothing); ``attn_lib.rules.band.Band.resolve`` keeps the numbers small.
 
     Returns:
-        ``(left, right)`` as ints.
+        ``(left, right)`` as ints; ``(-1, -1)`` for None.
     """
+    if window_size is None:
+        return -1, -1
     example = "e.g. window_size=(256, 0) for 256 keys back and none ahead, or (-1, -1) for no window"
     if not isinstance(window_size, (tuple, list)):
-        raise TypeError(f"window_size must be a pair (left, right) of ints, as a tuple or list, got {window_size!r} "
-                        f"({type(window_size).__name__}); {example}")
+        raise TypeError(f"window_size must be a pair (left, right) of ints, as a tuple or list, or None, got "
+                        f"{window_size!r} ({type(window_size).__name__}); {example}")
     if len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right) of ints, got {len(window_size)} values "
                          f"{tuple(window_size)!r}; {example}")
@@ -130,6 +136,17 @@ def check_window_size(window_size: Any, is_causal: bool = False) -> tuple[int, i
                          f"later key), got {(left, right)!r}; pass window_size=({left}, 0), or is_causal=False "
                          "for a window that looks ahead")
     return left, right
+
+
+def check_align(align: Any) -> str:
+    """检查对齐方式 align：top-left（SDPA 的 is_causal）或 bottom-right（flash-attn 的 causal 和窗口）；返回它。"""
+    if not isinstance(align, str):
+        raise TypeError(f'align must be the string "top-left" or "bottom-right", got {align!r} '
+                        f'({type(align).__name__}); "top-left" is SDPA\'s is_causal, "bottom-right" flash-attn\'s')
+    if align not in ALIGNMENTS:
+        raise ValueError(f'align must be "top-left" or "bottom-right", got {align!r}; "top-left" is SDPA\'s '
+                         'is_causal (query i sees keys up to i), "bottom-right" flash-attn\'s (up to i + S - L)')
+    return align
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> Any:

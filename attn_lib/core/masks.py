@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ..rules.band import band, band_mask
-from ..checks import check_bool, check_window_size
-from ..checks.sequences import check_additive_mask, check_bool_mask, check_causal_args, check_lengths
+from ..checks.sequences import (check_additive_mask, check_bool_mask, check_causal_args, check_lengths,
+                                check_window_mask_args)
+from ..rules.band import Band
 
 
 def causal_mask(L: int, S: int | None = None, *, align: str = "top-left", device=None) -> torch.Tensor:
@@ -97,10 +97,9 @@ def sliding_window_mask(L: int, S: int | None = None, *, window_size, is_causal:
     Returns:
         Bool tensor of shape (L, S).
     """
-    L, S = check_causal_args(L, S, align)
-    window_size = check_window_size(window_size, check_bool("is_causal", is_causal))
-    lo, hi = band(is_causal, window_size, 0 if align == "top-left" else S - L)
-    return band_mask(L, S, lo, hi, device=device)  # (L,S), True = lo <= j - i <= hi
+    L, S, is_causal, window_size = check_window_mask_args(L, S, (window_size, is_causal), align)
+    band = Band.resolve(L, S, is_causal=is_causal, window_size=window_size, offset=0 if align == "top-left" else S - L)
+    return band.mask(L, S, device=device)  # (L,S), True = lo <= j - i <= hi
 
 
 def padding_mask(lengths, S: int | None = None, *, device=None) -> torch.Tensor:

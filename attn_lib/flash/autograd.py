@@ -1,8 +1,8 @@
-"""第 8、9 章（FlashAttention 的唯一入口：第 08 章前向、第 09 章反向）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
+"""第 8、9 章（FlashAttention 的可求导入口：第 08 章前向、第 09 章反向）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
 
-``flash_attention(q, k, v, is_causal=..., scale=..., key_padding_mask=..., backend=...,
-enable_gqa=..., window_size=...)``: grouped-query attention and sliding windows (the
-sliding-window chapter) on both paths, forward and backward.
+``flash_attention(q, k, v, is_causal=..., scale=..., key_mask=..., backend=..., enable_gqa=...,
+window_size=..., align=...)``: grouped-query attention and sliding windows (chapter 12) on both
+paths, forward and backward.
 
 - ``backend="auto"``: the Triton kernels when q is on a CUDA device and Triton is
   importable, otherwise the tiled torch path (``attn_lib.flash.tiled_forward``).
@@ -10,28 +10,26 @@ sliding-window chapter) on both paths, forward and backward.
   backward ``attn_lib.flash.tiled_backward``).
 - ``backend="triton"``: the Triton kernels (``attn_lib/flash/triton/forward.py`` forward,
   ``attn_lib/flash/triton/backward.py`` backward); on CPU tensors without a GPU they run
-  under Triton's interpreter (see ``attn_lib.flash.triton.entry``).
+  under Triton's interpreter (``attn_lib.device``).
 
-``flash_attention`` checks its inputs once, at the door, and calls ``_flash_unchecked``, the
-core that the layers call too: no check below it. The autograd Function saves q, k, v, the
-output and the log-sum-exp (never the L×S matrix) and recomputes the proportions block by
-block in its backward (FlashAttention-2). Gradients of gradients are refused.
+``flash_attention`` checks its inputs once, at the door (``attn_lib.checks.doors.check_flash_call``),
+and calls ``flash_core(q, k, v, settings)``, the core that the layers reach too: no check below
+it. The autograd Function takes ``(q, k, v, settings)``, saves q, k, v, the output and the
+log-sum-exp (never the L×S matrix) and recomputes the proportions block by block in its backward
+(FlashAttention-2). Gradients of gradients are refused.
 """
 from __future__ import annotations
 
 import torch
 
-from . import tiled_forward as _fwd
-from . import tiled_backward as _bwd
-from ..rules.numerics import OVERFLOW_MESSAGE, raise_if_overflowed, resolve_scale
-from ..rules.band import NO_WINDOW
-from .triton.entry import (flash_attention_triton, flash_attention_triton_backward, kernel_flags,  # noqa: F401
-                            load_kernel, triton_available, triton_backward_core, triton_forward_core,
-                            triton_mode_for)
-from ..checks import (check_attention_inputs, check_bool, check_choice, check_key_padding_mask, check_triton_inputs,
-                        check_window_size)
+from ..checks.doors import check_flash_call
+from ..device import triton_interprets
+from ..rules.names import FLASH_BACKENDS, NO_WINDOW
+from ..rules.numerics import autocast_off
+from ..rules.settings import AttentionSettings, Options, raise_if_overflowed
+from . import tiled_backward, tiled_forward
+from .triton.entry import triton_backward, triton_forward
 
-FLASH_BACKENDS = ("auto", "torch", "triton")  # what flash_attention's backend takes (attn_lib.BACKENDS: the layers')
 SECOND_ORDER_MESSAGE = (
     "flash_attention has no second-order gradients (its backward is not differentiable), but "
     "torch.autograd.grad(..., create_graph=True) or a double backward asked for them; "
@@ -39,127 +37,90 @@ SECOND_ORDER_MESSAGE = (
 )
 
 
-def choose_backend(q, backend: str = "auto") -> str:
-    """按 backend 参数和 q 所在设备决定用哪条路径：'torch' 或 'triton'。"""
-    check_choice("backend", backend, FLASH_BACKENDS)
-    if backend == "auto":
-        on_cuda = isinstance(q, torch.Tensor) and q.is_cuda
-        return "triton" if on_cuda and triton_available() else "torch"
-    return backend
+def forward_any(q, k, v, settings: AttentionSettings):
+    """无检查的前向，settings.backend 选路径（"torch" 或 "triton"）：返回 (out (B,H,L,Dv), lse (B,H,L))，不查溢出。"""
+    if settings.backend == "triton":
+        return triton_forward(q, k, v, settings)
+    return tiled_forward.forward_core(q, k, v, settings)
 
 
-def _forward_core(backend: str, q, k, v, is_causal, scale, key_padding_mask, causal_offset, window_size=NO_WINDOW):
-    """无检查的前向：返回 (out (B,H,L,Dv), lse (B,H,L))，不检查溢出；k、v 可以只有 H_kv 个头。"""
-    if backend == "triton":
-        return triton_forward_core(q, k, v, is_causal=is_causal, scale=scale, key_padding_mask=key_padding_mask,
-                                   causal_offset=causal_offset, window_size=window_size)
-    return _fwd._forward_tiles(q, k, v, key_padding_mask, causal=is_causal, scale=scale,
-                               block_m=_fwd.default_block_m(q.shape[1], k.shape[1]), block_n=_fwd.DEFAULT_BLOCK_N,
-                               counter=None, causal_offset=causal_offset, window_size=window_size)
+def backward_any(q, k, v, saved, settings: AttentionSettings):
+    """无检查的反向：saved = (out, lse, dout)；返回 (dq, dk, dv)，dk、dv 有 k、v 的 H_kv 个头（对组内的查询头求和）。"""
+    if settings.backend == "triton":
+        return triton_backward(q, k, v, saved, settings)
+    return tiled_backward.backward_core(q, k, v, saved, settings)
 
 
-def _backward_core(backend: str, q, k, v, out, lse, dout, is_causal, scale, key_padding_mask, causal_offset,
-                   window_size=NO_WINDOW):
-    """无检查的反向：返回 (dq, dk, dv)，dk、dv 有 k、v 的 H_kv 个头（对组内的查询头求和）。"""
-    if backend == "triton":
-        return triton_backward_core(q, k, v, out, lse, dout, is_causal=is_causal, scale=scale,
-                                    key_padding_mask=key_padding_mask, causal_offset=causal_offset,
-                                    window_size=window_size)
-    return _bwd._backward_tiles(q, k, v, out, lse, dout, key_padding_mask, causal=is_causal, scale=scale,
-                                block_m=_bwd.DEFAULT_BWD_BLOCK_M, block_n=_bwd.DEFAULT_BWD_BLOCK_N,
-                                causal_offset=causal_offset, window_size=window_size)
-
-
-def _checked_forward(backend, q, k, v, is_causal, scale, key_padding_mask, check_overflow, causal_offset, window_size):
-    out, lse = _forward_core(backend, q, k, v, is_causal, scale, key_padding_mask, causal_offset, window_size)
-    if check_overflow:
-        raise_if_overflowed(lse, q.shape[2], k.shape[2], key_padding_mask, is_causal, causal_offset, q.dtype,
-                            window_size=window_size)
+def checked_forward(q, k, v, settings: AttentionSettings):
+    """forward_any, then the overflow rule when ``settings.check_overflow``: returns (out, lse)."""
+    out, lse = forward_any(q, k, v, settings)  # (B,H,L,Dv), (B,H,L)
+    if settings.check_overflow:
+        raise_if_overflowed(lse, q.shape[2], k.shape[2], settings)
     return out, lse
 
 
 class FlashAttentionFunction(torch.autograd.Function):
     """可求导的 FlashAttention：前向存 q、k、v、输出和 lse（从不存 L×S 矩阵），反向按 FlashAttention-2 分块重算。
 
-    ``FlashAttentionFunction.apply(q, k, v, is_causal, scale, key_padding_mask, backend,
-    check_overflow, causal_offset, window_size)`` with ``backend`` ``"torch"`` or ``"triton"``
-    (already resolved by ``choose_backend``), ``scale`` a float and ``window_size`` a checked
-    pair; nothing is checked here. k, v may have H_kv heads (their gradients too). Gradients
-    flow to q, k and v only; asking for second-order gradients raises ``RuntimeError``.
+    ``FlashAttentionFunction.apply(q, k, v, settings)`` with ``settings`` an
+    ``AttentionSettings`` whose ``backend`` is ``"torch"`` or ``"triton"``; nothing is checked
+    here. k, v may have H_kv heads (their gradients too). Gradients flow to q, k and v only;
+    asking for second-order gradients raises ``RuntimeError``.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, key_padding_mask, backend, check_overflow, causal_offset,
-                window_size=NO_WINDOW):
-        out, lse = _checked_forward(backend, q, k, v, is_causal, scale, key_padding_mask, check_overflow,
-                                    causal_offset, window_size)  # (B,H,L,Dv), (B,H,L)
-        ctx.save_for_backward(q, k, v, out, lse, key_padding_mask)
-        ctx.args = (is_causal, scale, backend, causal_offset, window_size)
+    def forward(ctx, q, k, v, settings):
+        out, lse = checked_forward(q, k, v, settings)  # (B,H,L,Dv), (B,H,L)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.settings = settings
         return out
 
     @staticmethod
     def backward(ctx, dout):
         if torch.is_grad_enabled():  # create_graph=True: the caller wants to differentiate the gradient
             raise RuntimeError(SECOND_ORDER_MESSAGE)
-        q, k, v, out, lse, key_padding_mask = ctx.saved_tensors
-        is_causal, scale, backend, causal_offset, window_size = ctx.args
-        dq, dk, dv = _backward_core(backend, q, k, v, out, lse, dout, is_causal, scale, key_padding_mask,
-                                    causal_offset, window_size)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward_any(q, k, v, (out, lse, dout), ctx.settings)
+        return dq, dk, dv, None
 
 
-def _flash_unchecked(q, k, v, *, is_causal: bool, scale: float, key_padding_mask, backend: str,
-                     check_overflow: bool, causal_offset: int = 0, window_size=NO_WINDOW):
+def flash_core(q, k, v, settings: AttentionSettings):
     """FlashAttention 的无检查内核（调用方已检查全部输入）：返回 out (B, H, L, Dv)，需要时可求导。
 
     Args:
         q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv), already checked (H_kv
             divides H: grouped-query attention by shape, K and V never repeated).
-        is_causal: with ``causal_offset``: query i sees key j iff ``j <= i + causal_offset``.
-        scale: a float (already resolved, e.g. ``1 / sqrt(D)``).
-        key_padding_mask: None or bool (B, S), True = key present.
-        backend: ``"torch"`` or ``"triton"`` (already resolved).
-        check_overflow: check the log-sum-exp for overflow (one reduction and host sync);
-            False skips it (no reduction, no host sync).
-        causal_offset: 0 is SDPA's top-left ``is_causal``; ``S - L`` is the bottom-right
-            alignment of KV-cache decoding (``attn_lib.causal_mask(L, S, align="bottom-right")``).
-            It aligns the window too.
-        window_size: a checked ``(left, right)``: query i sees key j iff
-            ``i + causal_offset - left <= j <= i + causal_offset + right`` (-1: unbounded).
+        settings: the resolved ``AttentionSettings`` (``backend`` "torch" or "triton"; the band
+            holds the causal rule, the window and the alignment; ``check_overflow`` costs one
+            reduction and host sync).
 
     Returns:
         out (B, H, L, Dv) in q's dtype; differentiable through ``FlashAttentionFunction``
         when grad mode is on and q, k or v requires grad.
     """
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return FlashAttentionFunction.apply(q, k, v, is_causal, scale, key_padding_mask, backend, check_overflow,
-                                            causal_offset, window_size)
-    out, _ = _checked_forward(backend, q, k, v, is_causal, scale, key_padding_mask, check_overflow, causal_offset,
-                              window_size)
-    return out
+        return FlashAttentionFunction.apply(q, k, v, settings)
+    return checked_forward(q, k, v, settings)[0]
 
 
-def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_padding_mask=None,
+def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_mask=None,
                     backend: str = "auto", check_finite: bool = True, enable_gqa: bool = False,
-                    window_size=NO_WINDOW):
+                    window_size=NO_WINDOW, align: str = "top-left"):
     """FlashAttention：与 attn_lib.attention 结果相同，但不存整张分数矩阵；可以求导（对 q、k、v）。
 
     Args:
         q, k, v: queries (B, H, L, D), keys (B, H_kv, S, D), values (B, H_kv, S, Dv).
-        is_causal: query i sees keys 0..i (top-left aligned, as ``attn_lib.causal_mask``).
-        scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``. A number (not differentiable).
-        key_padding_mask: optional bool (B, S), True = key present (same as
-            ``attention(..., mask=key_padding_mask[:, None, None, :])``).
+        is_causal, scale, enable_gqa, window_size, align: as in ``attn_lib.attention``
+            (``align="bottom-right"`` is flash-attn's rule for ``causal`` and ``window_size``);
+            key blocks outside the band are skipped, forward and backward: a window of w keys
+            costs O(L·w), not O(L·S).
+        key_mask: optional bool (B, S), True = key present (the same as
+            ``attention(..., mask=key_mask[:, None, None, :])``; the opposite polarity of
+            ``torch.nn.MultiheadAttention``'s ``key_padding_mask``, which marks padding).
         backend: ``"auto"`` (Triton on CUDA when available, else torch), ``"torch"`` or
             ``"triton"`` (on CPU tensors: Triton's interpreter, slow, for checking).
         check_finite: scan q, k, v for nan / inf before and the log-sum-exp for overflow
             after (default). ``False`` skips both (no host sync); bad input then gives nan.
-        enable_gqa: SDPA's meaning: k, v have H_kv heads (H % H_kv == 0), query head h uses
-            key/value head ``h // (H // H_kv)``; no path repeats K or V.
-        window_size: ``(left, right)``, flash-attn's meaning: query i sees keys
-            ``i - left .. i + right`` (-1: unbounded); aligned top-left like ``is_causal``
-            (flash-attn aligns bottom-right when L != S). Key blocks outside the window are
-            skipped, forward and backward: the cost is O(L·window), not O(L·S).
 
     Returns:
         Output of shape (B, H, L, Dv) in q's dtype; a query that sees no key gets zeros.
@@ -168,23 +129,15 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
 
     Raises:
         TypeError: ``scale`` is a tensor that requires grad (not differentiable).
-        ValueError: ``key_padding_mask`` requires grad, or a score overflows.
+        ValueError: ``key_mask`` requires grad, or a score overflows.
         RuntimeError: second-order gradients are asked for (use ``attn_lib.attention``).
     """
-    which = choose_backend(q, backend)
-    check_bool("check_finite", check_finite)
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale, check_finite=check_finite,
-                                                        enable_gqa=enable_gqa)
-    if which == "triton":
-        check_triton_inputs(q, k, v)
-    window_size = check_window_size(window_size, check_bool("is_causal", is_causal))
-    check_key_padding_mask(key_padding_mask, B, S, q.device)
-    if which == "triton":
-        triton_mode_for(q)
-    return _flash_unchecked(q, k, v, is_causal=is_causal, scale=resolve_scale(scale, D),
-                            key_padding_mask=key_padding_mask, backend=which, check_overflow=check_finite,
-                            window_size=window_size)
+    options = Options(is_causal=is_causal, scale=scale, window_size=window_size, align=align, enable_gqa=enable_gqa,
+                      check_finite=check_finite, key_mask=key_mask, backend=backend)
+    settings = check_flash_call(q, k, v, options, triton_interprets)
+    with autocast_off(q.device):
+        return flash_core(q, k, v, settings)
 
 
-__all__ = ["flash_attention", "FlashAttentionFunction", "flash_attention_triton", "flash_attention_triton_backward",
-           "choose_backend", "load_kernel", "kernel_flags", "triton_available", "FLASH_BACKENDS", "OVERFLOW_MESSAGE"]
+__all__ = ["flash_attention", "flash_core", "FlashAttentionFunction", "forward_any", "backward_any",
+           "checked_forward", "FLASH_BACKENDS", "SECOND_ORDER_MESSAGE"]

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from ..rules.numerics import overflow_error, resolve_scale, work_dtype
-from ..checks import check_attention_inputs, check_bool, check_key_padding_mask
-from ..core.masks import causal_mask
+from ..checks.doors import check_naive_call
+from ..rules.numerics import overflow_error
+from ..rules.settings import AttentionSettings, Options
 
 
-def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_padding_mask=None):
+def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_mask=None,
+                    align: str = "top-left"):
     """朴素注意力：整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V（基准测试和误差规则的对照）。
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv).
-        is_causal, scale, key_padding_mask: as in ``attn_lib.flash_attention``.
+        is_causal, scale, key_mask, align: as in ``attn_lib.flash_attention``.
 
     Returns:
         Output (B, H, L, Dv) in q's dtype; rows that see no key are zeros. Differentiable
@@ -29,29 +30,28 @@ def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         ValueError: a score overflows to +inf in q's dtype.
         TypeError: ``scale`` is a tensor that requires grad (not differentiable).
     """
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, k, v, None, scale, enable_gqa=None)
-    check_key_padding_mask(key_padding_mask, B, S, q.device)
-    check_bool("is_causal", is_causal)
-    return _naive_core(q, k, v, is_causal, resolve_scale(scale, D), key_padding_mask, check_overflow=True)
+    settings = check_naive_call(q, k, v, Options(is_causal=is_causal, scale=scale, key_mask=key_mask, align=align))
+    return naive_core(q, k, v, settings)
 
 
-def _naive_core(q, k, v, is_causal: bool, scale: float, key_padding_mask, *, check_overflow: bool):
-    """naive_attention 的无检查内核（输入已检查过，scale 已是数）；check_overflow=False 时不做归约、不同步。"""
+def naive_core(q, k, v, settings: AttentionSettings):
+    """naive_attention 的无检查内核（输入已检查过）；settings.check_overflow=False 时不做归约、不同步。"""
     L, S = q.shape[2], k.shape[2]
-    scores = (q * scale) @ k.transpose(-2, -1)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
-    if is_causal:
-        scores.masked_fill_(~causal_mask(L, S, device=q.device), float("-inf"))  # (B,H,L,S)
-    if key_padding_mask is not None:
-        scores.masked_fill_(~key_padding_mask[:, None, None, :], float("-inf"))  # (B,H,L,S)
-    if check_overflow and S:
+    scores = (q * settings.scale) @ k.transpose(-2, -1)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
+    if not settings.band.full:
+        scores.masked_fill_(~settings.band.mask(L, S, device=q.device), float("-inf"))  # (B,H,L,S)
+    if settings.key_mask is not None:
+        scores.masked_fill_(~settings.key_mask[:, None, None, :], float("-inf"))  # (B,H,L,S)
+    if settings.check_overflow and S:
         row_max = scores.detach().amax(-1)  # (B,H,L,S) -> (B,H,L); -inf for a row that sees no key
         if bool((torch.isposinf(row_max) | torch.isnan(row_max)).any()):
             raise overflow_error(q.dtype)
-    probs = torch.softmax(scores, dim=-1, dtype=work_dtype(q.dtype))  # (B,H,L,S) proportions
-    if key_padding_mask is not None:
-        # A query whose keys are all absent: zeros, as attn_lib.softmax. Out of place, so that
-        # softmax's backward still finds the output it saved.
+    probs = torch.softmax(scores, dim=-1, dtype=settings.work_dtype)  # (B,H,L,S) proportions
+    if settings.key_mask is not None or not settings.band.full:
+        # A query that sees no key: zeros, as attn_lib.softmax. Out of place, so that softmax's
+        # backward still finds the output it saved.
         probs = probs.nan_to_num(0.0)  # (B,H,L,S)
     return probs.to(q.dtype) @ v  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
 
-__all__ = ["naive_attention"]
+
+__all__ = ["naive_attention", "naive_core"]

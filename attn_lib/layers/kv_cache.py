@@ -60,6 +60,12 @@ class KVCache:
     it (another layer gets a clear error), and every ``append`` must bring the same batch
     size, number of heads, head dims, dtype and device as the first one (a clear error
     otherwise). ``reset()`` empties it (and frees it for another layer or batch).
+
+    A layer uses four methods: ``joined`` (the stored keys and values followed by new ones, the
+    cache unchanged), ``store`` (keep a result, once the whole call has succeeded), and
+    ``state`` / ``restore`` (a model whose later block fails puts every cache back). A pickled
+    cache (``pickle``, ``torch.save``, ``copy.deepcopy``) keeps its keys, values and ``seen`` but not its owner (a layer is
+    not part of a cache's data): the first layer to use the loaded copy owns it.
     """
 
     def __init__(self):
@@ -80,6 +86,11 @@ class KVCache:
     def start(self) -> int:
         """缓存里第一个键的绝对位置：``seen - len(self)``（不加窗口时是 0）。"""
         return self.seen - len(self)
+
+    @property
+    def owner(self):
+        """用这个缓存的层（还没有层用过、或者层已被回收时是 None）。"""
+        return None if self._owner is None else self._owner()
 
     def numel(self) -> int:
         """缓存里存的数的个数（键和值合计，2·B·H·S·D）。"""
@@ -102,23 +113,24 @@ class KVCache:
             ``(keys, values)``: (B, H, S_past + S_new, D) and (B, H, S_past + S_new, Dv).
         """
         check_cache_append(self, k, v)
-        self._store(*self._joined(k, v), new=k.shape[2])
+        self.store(*self.joined(k, v), new=k.shape[2])
         return self.keys, self.values
 
-    def _joined(self, k, v):
-        """The cached keys and values followed by k, v (checked by the caller); the cache is unchanged."""
+    def joined(self, k, v):
+        """已存的键和值后面接上 k、v（调用方已检查过它们）；缓存本身不变。返回 (keys, values)。"""
         if self.keys is None:
             return k, v
         keys = torch.cat((self.keys, k), dim=2)  # (B,H,S_past,D) + (B,H,S_new,D) -> (B,H,S_past+S_new,D)
         values = torch.cat((self.values, v), dim=2)  # (B,H,S_past,Dv) + (B,H,S_new,Dv) -> (B,H,S,Dv)
         return keys, values
 
-    def _store(self, keys, values, owner=None, *, new: int, keep: int = -1) -> None:
-        """Keep ``_joined``'s result, which ends with ``new`` new positions; ``keep`` >= 0 keeps only the last ``keep``.
+    def store(self, keys, values, owner=None, *, new: int, keep: int = -1) -> None:
+        """存下 ``joined`` 的结果（它以 ``new`` 个新位置结尾）；``keep`` >= 0 时只留最后 ``keep`` 个位置。
 
         A layer passes itself as ``owner`` (bound at first use) and, with a sliding window
         ``(left, right)``, ``keep=left``: a copy of the last ``left`` positions, so that the
-        memory of the older ones is freed (a slice would keep the whole tensor alive).
+        memory of the older ones is freed (a slice would keep the whole tensor alive). Nothing
+        is checked: the layer's door checked the call before anything was computed.
         """
         self.seen += int(new)
         if 0 <= keep < keys.shape[2]:
@@ -128,6 +140,21 @@ class KVCache:
         self.keys, self.values = keys, values
         if owner is not None and self._owner is None:
             self._owner = weakref.ref(owner)
+
+    def state(self):
+        """缓存此刻的状态（只是几个引用，不复制张量）：交给 ``restore`` 就能回到这一刻。"""
+        return self.keys, self.values, self._owner, self.seen
+
+    def restore(self, state) -> None:
+        """回到 ``state()`` 记下的那一刻（一次前向中途失败时，把每个块的缓存放回原样）。"""
+        self.keys, self.values, self._owner, self.seen = state
+
+    def __getstate__(self):
+        return {"keys": self.keys, "values": self.values, "seen": self.seen}  # the owner is a layer, not data
+
+    def __setstate__(self, state):
+        self.keys, self.values, self.seen = state["keys"], state["values"], state["seen"]
+        self._owner = None
 
     def attention_mask(self, mask, L: int, is_causal: bool):
         """新来的 L 个查询是缓存里最后 L 个位置：因果时用右下角对齐的掩码，并与 mask 合并。

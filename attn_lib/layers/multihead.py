@@ -17,11 +17,13 @@ h // (H / H_kv); MQA is H_kv = 1). The fused projection shrinks to C + 2·H_kv·
 KV cache to H_kv heads. ``window_size=(left, right)`` (flash-attn's meaning, -1 unbounded): a
 sliding window, query i sees keys i - left .. i + right (right 0 or -1 with ``is_causal``).
 
-Each forward checks its inputs once, at the door (``attn_lib.checks.layers``), and then
-runs unchecked code: the projections and the head split below, and
-``attn_lib.layers.dispatch.attend``, the attention on the layer's backend (``attn_lib.BACKENDS``); a
-KV-cache decode step goes through chapter 13's ``attn_lib.flash.decoding`` (FlashDecoding) where that
-computes exactly the same (``attn_lib.layers.dispatch.decode_backend``).
+Each forward checks its inputs once, at the door (``attn_lib.checks.layers.check_layer_call``),
+which returns the call's settings; then ``_forward`` runs unchecked code: the projections and
+the head split below, and ``attn_lib.layers.dispatch.attend``, the attention on the layer's
+backend (``attn_lib.BACKENDS``); a KV-cache decode step goes through chapter 13's
+``attn_lib.flash.decoding`` (FlashDecoding) where that computes exactly the same
+(``attn_lib.layers.dispatch.decode_backend``). A model that checked its whole input at its own
+door (``attn_lib.models.tiny_lm``) calls ``_forward`` directly.
 """
 from __future__ import annotations
 
@@ -29,12 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..rules.band import NO_WINDOW
+from ..checks.heads import check_multihead_args
+from ..checks.layers import check_heads_split, check_layer_call, check_sequence_layout
+from ..device import triton_interprets
+from ..rules.names import NO_WINDOW
+from ..rules.settings import AttentionSettings, Options
 from .dispatch import attend, layer_mask
-from ..rules.numerics import resolve_scale
-from ..checks import check_divisible
-from ..checks.layers import (check_heads, check_layer_call, check_layer_settings, check_layer_window,
-                               check_sequence_layout)
+from .kv_cache import KVCache
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -47,9 +50,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Returns:
         A (B, H, L, D) view-based tensor: head h holds channels ``h*D .. (h+1)*D - 1``.
     """
-    check_sequence_layout(x, 3, "(B, L, C)")
-    check_divisible(x.shape[-1], num_heads)
-    return _split_heads(x, int(num_heads))
+    return _split_heads(x, check_heads_split(x, num_heads))
 
 
 def _split_heads(x: torch.Tensor, H: int) -> torch.Tensor:
@@ -75,11 +76,9 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(B, L, H * D)  # (B,H,L,D) -> (B,L,H,D) -> (B,L,C)
 
 
-def _settings(layer, d_model, num_heads, num_kv_heads, window_size, bias, is_causal, backend, check_finite) -> None:
-    """多头类共用的构造参数检查：设好 head_dim、d_model、num_heads、num_kv_heads、window_size、is_causal、backend、check_finite。"""
-    check_heads(layer, d_model, num_heads, num_kv_heads, even_head_dim=getattr(layer, "rotary", False))
-    check_layer_settings(layer, bias, is_causal, backend, check_finite)
-    layer.window_size = check_layer_window(window_size, layer.is_causal)  # (left, right), (-1, -1) = none
+def _settings(layer, sizes: tuple, bias, options: Options) -> None:
+    """多头类共用的构造参数检查（一次）：sizes = (d_model, num_heads, num_kv_heads)；设好 head_dim、d_model、num_heads、num_kv_heads、is_causal、window_size、align、backend、check_finite。"""
+    check_multihead_args(layer, sizes, bias, options, even_head_dim=getattr(layer, "rotary", False))
 
 
 def _repr(layer) -> str:
@@ -90,6 +89,8 @@ def _repr(layer) -> str:
         text += f", num_kv_heads={layer.num_kv_heads}"
     if layer.window_size != NO_WINDOW:
         text += f", window_size={layer.window_size}"
+    if layer.align != "top-left":
+        text += f", align={layer.align!r}"
     return text + (f", backend={layer.backend!r}" if layer.backend != "auto" else "")
 
 
@@ -103,12 +104,14 @@ class MultiHeadAttention(nn.Module):
             query head h uses key/value head h // (H / H_kv). None (default) means H (no
             sharing); 1 is multi-query attention (MQA).
         window_size: None (default, no window) or ``(left, right)`` as in flash-attn: query i
-            sees keys i - left .. i + right (-1 = unbounded on that side); with ``is_causal``
-            right must be 0 or -1. Aligned like ``is_causal``: top-left, bottom-right when
-            decoding with a ``kv_cache`` (whose rolling buffer then keeps ``left`` positions).
+            sees keys i + o - left .. i + o + right (-1 = unbounded on that side; o the
+            alignment's offset); with ``is_causal`` right must be 0 or -1. With a ``kv_cache`` the
+            rolling buffer keeps the last ``left`` positions.
         bias: give the QKV and output projections a bias.
-        is_causal: hide later keys from each query (top-left aligned, ``attn_lib.causal_mask``);
-            combined with any ``mask`` given to ``forward``.
+        is_causal: hide later keys from each query; combined with any ``mask`` given to ``forward``.
+        align: ``"top-left"`` (default, SDPA's ``is_causal``) or ``"bottom-right"`` (flash-attn's)
+            for ``is_causal`` and ``window_size`` when L != S (cross-attention). Decoding with a
+            ``kv_cache`` is always bottom-right: the new queries are the last L positions.
         backend: one of ``attn_lib.BACKENDS``: ``"auto"`` (default: the reference path when
             ``need_weights=True``, else torch's fused ``"sdpa"``, which computes the same output),
             ``"reference"`` (always the reference path), ``"sdpa"``, or the tiled FlashAttention
@@ -123,11 +126,15 @@ class MultiHeadAttention(nn.Module):
     """
 
     rotary = False  # RotaryMultiHeadAttention (attn_lib.models.tiny_model) rotates q and k in `_positions`
+    cache_type = KVCache  # what `kv_cache` takes (the door checks against it)
 
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None, window_size=None,
-                 bias: bool = True, is_causal: bool = False, backend: str = "auto", check_finite: bool = True):
+                 bias: bool = True, is_causal: bool = False, align: str = "top-left", backend: str = "auto",
+                 check_finite: bool = True):
         super().__init__()
-        _settings(self, d_model, num_heads, num_kv_heads, window_size, bias, is_causal, backend, check_finite)
+        _settings(self, (d_model, num_heads, num_kv_heads), bias,
+                  Options(is_causal=is_causal, window_size=window_size, align=align, backend=backend,
+                          check_finite=check_finite))
         C, C_kv = self.d_model, self.num_kv_heads * self.head_dim
         self.qkv = nn.Linear(C, C + 2 * C_kv, bias=bias)  # (C) -> (C + 2·H_kv·D) = [q | k | v]
         self.out_proj = nn.Linear(C, C, bias=bias)  # (C) -> (C)
@@ -182,23 +189,24 @@ class MultiHeadAttention(nn.Module):
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
         """
-        key, value = check_layer_call(self, query, key, value, mask=mask, need_weights=need_weights,
-                                      dtype=self.qkv.weight.dtype, kv_cache=kv_cache)
+        key, value, settings = check_layer_call(self, query, key, value, mask, need_weights, kv_cache,
+                                                triton_interprets)
+        return self._forward(query, key, value, mask, need_weights, kv_cache, settings)
+
+    def _forward(self, query, key, value, mask, need_weights: bool, kv_cache, settings: AttentionSettings):
+        """forward 的无检查内核（门已检查过全部输入，settings 是这次调用的设置）：投影、切头、注意力、缓存、输出投影。"""
         q, k, v = self._project(query, key, value)  # (B,L,C), (B,S,C_kv), (B,S,C_kv)
         q = _split_heads(q, self.num_heads)  # (B,L,C) -> (B,H,L,D)
         k = _split_heads(k, self.num_kv_heads)  # (B,S,C_kv) -> (B,H_kv,S,D)
         v = _split_heads(v, self.num_kv_heads)  # (B,S,C_kv) -> (B,H_kv,S,D)
         seen = kv_cache.seen if kv_cache is not None else 0  # the new tokens sit at positions seen ..
-        stored = len(kv_cache) if kv_cache is not None else 0  # .. after the `stored` cached keys
         q, k = self._positions(q, k, seen)  # unchanged here; RoPE rotates them in attn_lib.models.tiny_model
         if kv_cache is not None:  # generation with a KV cache (chapter 10, attn_lib.layers.kv_cache)
-            k, v = kv_cache._joined(k, v)  # (B,H_kv,stored,D) + (B,H_kv,S,D) -> (B,H_kv,stored+S,D), same for v
-        out, scores = attend(q, k, v, layer_mask(mask), is_causal=self.is_causal, causal_offset=stored,
-                             window_size=self.window_size, scale=resolve_scale(None, self.head_dim),
-                             need_weights=need_weights, backend=self.backend, check_finite=self.check_finite,
+            k, v = kv_cache.joined(k, v)  # (B,H_kv,stored,D) + (B,H_kv,S,D) -> (B,H_kv,stored+S,D), same for v
+        out, scores = attend(q, k, v, layer_mask(mask), settings, need_weights=need_weights,
                              decode=kv_cache is not None)  # (B,H,L,D), (B,H,L,S) or None
         if kv_cache is not None:  # only now: a call that raised left the cache as it was
-            kv_cache._store(k, v, owner=self, new=query.shape[1], keep=self.window_size[0])
+            kv_cache.store(k, v, owner=self, new=query.shape[1], keep=self.window_size[0])
         out = self.out_proj(_merge_heads(out))  # (B,H,L,D) -> (B,L,C) -> (B,L,C)
         return (out, scores) if need_weights else out
 
@@ -222,6 +230,4 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-from .multihead_looped import LoopedMultiHeadAttention  # noqa: E402  (it builds on the helpers above)
-
-__all__ = ["MultiHeadAttention", "LoopedMultiHeadAttention", "split_heads", "merge_heads", "count_parameters"]
+__all__ = ["MultiHeadAttention", "split_heads", "merge_heads", "count_parameters"]

@@ -4,17 +4,19 @@
 computes (tests/unit/test_multihead.py asserts it), with H separate ``nn.Linear(C, D)`` for the
 queries and H_kv for the keys and for the values instead of one fused matrix. With
 grouped-query attention (``num_kv_heads=H_kv``) the loop shows the sharing in plain sight:
-query head h reads key/value head ``h // (H / H_kv)``. It lives beside ``multihead.py`` (which
-re-exports it) to keep each module short.
+query head h reads key/value head ``h // (H / H_kv)``. It lives beside ``multihead.py`` to keep
+each module short; ``attn_lib.LoopedMultiHeadAttention`` is the same class.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .dispatch import attend, layer_mask
-from ..rules.numerics import resolve_scale
 from ..checks.layers import check_layer_call
+from ..device import triton_interprets
+from ..rules.settings import Options
+from .dispatch import attend, layer_mask
+from .kv_cache import KVCache
 from .multihead import MultiHeadAttention, _repr, _settings
 
 
@@ -31,14 +33,19 @@ class LoopedMultiHeadAttention(nn.Module):
         num_kv_heads: H_kv key/value heads (None = H); query head h uses kv head h // (H / H_kv).
         window_size: None or ``(left, right)``, as in ``MultiHeadAttention``.
         bias: give the projections a bias.
-        is_causal: hide later keys from each query.
+        is_causal, align: hide later keys from each query, aligned as in ``MultiHeadAttention``.
         backend, check_finite: as in ``MultiHeadAttention``.
     """
 
+    cache_type = KVCache  # no kv_cache here; the door reads the attribute all the same
+
     def __init__(self, d_model: int, num_heads: int, *, num_kv_heads: int | None = None, window_size=None,
-                 bias: bool = True, is_causal: bool = False, backend: str = "auto", check_finite: bool = True):
+                 bias: bool = True, is_causal: bool = False, align: str = "top-left", backend: str = "auto",
+                 check_finite: bool = True):
         super().__init__()
-        _settings(self, d_model, num_heads, num_kv_heads, window_size, bias, is_causal, backend, check_finite)
+        _settings(self, (d_model, num_heads, num_kv_heads), bias,
+                  Options(is_causal=is_causal, window_size=window_size, align=align, backend=backend,
+                          check_finite=check_finite))
         C, D, H_kv = self.d_model, self.head_dim, self.num_kv_heads
         self.w_q = nn.ModuleList(nn.Linear(C, D, bias=bias) for _ in range(num_heads))  # H x (C -> D)
         self.w_k = nn.ModuleList(nn.Linear(C, D, bias=bias) for _ in range(H_kv))  # H_kv x (C -> D)
@@ -60,7 +67,7 @@ class LoopedMultiHeadAttention(nn.Module):
         has_bias = fused.qkv.bias is not None
         window = None if fused.window_size == (-1, -1) else fused.window_size
         looped = cls(C, fused.num_heads, num_kv_heads=H_kv, window_size=window, bias=has_bias,
-                     is_causal=fused.is_causal, backend=fused.backend,
+                     is_causal=fused.is_causal, align=fused.align, backend=fused.backend,
                      check_finite=fused.check_finite).to(fused.qkv.weight.dtype)
         firsts = (0, C, C + H_kv * D)  # where the rows of q, k and v start in (C + 2·H_kv·D, C)
         with torch.no_grad():
@@ -75,14 +82,12 @@ class LoopedMultiHeadAttention(nn.Module):
 
     def forward(self, query, key=None, value=None, *, mask=None, need_weights: bool = False):
         """与 ``MultiHeadAttention.forward`` 相同的参数和返回值，只是一个头一个头地算。"""
-        key, value = check_layer_call(self, query, key, value, mask=mask, need_weights=need_weights,
-                                      dtype=self.out_proj.weight.dtype)
+        key, value, settings = check_layer_call(self, query, key, value, mask, need_weights, None, triton_interprets)
         mask = layer_mask(mask)  # None or 4-D, broadcastable to (B,H,L,S)
         if mask is not None and mask.shape[1] > 1:
             head_masks = [mask[:, h:h + 1] for h in range(self.num_heads)]  # (B,H,L,S) -> H x (B,1,L,S)
         else:
             head_masks = [mask] * self.num_heads
-        scale = resolve_scale(None, self.head_dim)
         keys = [w(key).unsqueeze(1) for w in self.w_k]  # H_kv x (B,S,C) -> (B,S,D) -> (B,1,S,D)
         values = [w(value).unsqueeze(1) for w in self.w_v]  # H_kv x (B,1,S,D)
         group = self.num_heads // self.num_kv_heads  # query heads per key/value head
@@ -90,9 +95,7 @@ class LoopedMultiHeadAttention(nn.Module):
         for h in range(self.num_heads):
             q = self.w_q[h](query).unsqueeze(1)  # (B,L,C) -> (B,L,D) -> (B,1,L,D)
             k, v = keys[h // group], values[h // group]  # the shared key/value head of query head h
-            out, scores = attend(q, k, v, head_masks[h], is_causal=self.is_causal, scale=scale,
-                                 need_weights=need_weights, backend=self.backend, check_finite=self.check_finite,
-                                 window_size=self.window_size)  # (B,1,L,D), (B,1,L,S)
+            out, scores = attend(q, k, v, head_masks[h], settings, need_weights=need_weights)  # (B,1,L,D), (B,1,L,S)
             outs.append(out.squeeze(1))  # (B,L,D)
             all_scores.append(scores)  # (B,1,L,S) or None
         out = self.out_proj(torch.cat(outs, dim=-1))  # H x (B,L,D) -> (B,L,C) -> (B,L,C)

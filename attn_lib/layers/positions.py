@@ -75,10 +75,10 @@ def apply_rotary(x: torch.Tensor, positions=None, *, base: float = 10000.0) -> t
         (B, H, L, D) tensor: ``x`` rotated pair by pair.
     """
     pos, base = check_rotary_args(x, positions, base)
-    return _rotate(x, pos, base)
+    return rotate(x, pos, base)
 
 
-def _rotate(x: torch.Tensor, pos: torch.Tensor | None, base: float) -> torch.Tensor:
+def rotate(x: torch.Tensor, pos: torch.Tensor | None, base: float) -> torch.Tensor:
     """apply_rotary without checks: x (B, H, L, D), pos None or int (L,) / (B, L) on x's device."""
     B, H, L, D = x.shape
     pos = torch.arange(L, device=x.device) if pos is None else pos  # (L,) or (B,L)
@@ -93,4 +93,4 @@ def _rotate(x: torch.Tensor, pos: torch.Tensor | None, base: float) -> torch.Ten
     return rotated.reshape(B, H, L, D).to(x.dtype)  # (B,H,L,D/2,2) -> (B,H,L,D)
 
 
-__all__ = ["sinusoidal_positions", "apply_rotary"]
+__all__ = ["sinusoidal_positions", "apply_rotary", "rotate"]

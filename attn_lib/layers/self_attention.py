@@ -7,19 +7,22 @@ with ``W_q = W_k`` the score of token i for token j would always equal that of j
 three different matrices let "它 looks for 水" differ from "水 looks for 它".
 There is no output projection here; ``attn_lib.layers.multihead.MultiHeadAttention`` adds one.
 
-``forward`` checks its input once (``attn_lib.checks.layers``), then runs the three
-projections below and hands q, k, v to ``attn_lib.layers.dispatch.attend``, which runs the attention
-on the layer's backend (one of ``attn_lib.BACKENDS``).
+``forward`` checks its input once (``attn_lib.checks.layers.check_self_attention_call``, which
+returns the call's settings), then runs the three projections below and hands q, k, v to
+``attn_lib.layers.dispatch.attend``, which runs the attention on the layer's backend (one of
+``attn_lib.BACKENDS``).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ..checks.heads import check_self_attention_args
+from ..checks.layers import check_matrices, check_self_attention_call
+from ..device import triton_interprets
+from ..rules.names import NO_WINDOW
+from ..rules.settings import Options
 from .dispatch import attend, layer_mask
-from ..rules.numerics import resolve_scale
-from ..checks import check_positive_int
-from ..checks.layers import check_layer_settings, check_layer_window, check_matrices, check_self_attention_call
 
 
 class SelfAttention(nn.Module):
@@ -33,6 +36,8 @@ class SelfAttention(nn.Module):
         is_causal: hide later positions from each query (see ``attn_lib.causal_mask``).
         window_size: None (default, no window) or ``(left, right)`` as in flash-attn: query i
             sees keys i - left .. i + right (-1 = unbounded); with ``is_causal`` right is 0 or -1.
+        align: ``"top-left"`` or ``"bottom-right"``, as in ``attn_lib.attention`` (here L = S,
+            so the two agree).
         backend: one of ``attn_lib.BACKENDS``: ``"auto"`` (default: the reference path when
             ``need_weights=True``, else torch's fused ``"sdpa"``), ``"reference"`` (always the
             reference path, the only one with scores), ``"sdpa"``, or the tiled FlashAttention
@@ -45,14 +50,12 @@ class SelfAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, d_k: int | None = None, d_v: int | None = None, *,
-                 bias: bool = False, is_causal: bool = False, window_size=None, backend: str = "auto",
-                 check_finite: bool = True):
+                 bias: bool = False, is_causal: bool = False, window_size=None, align: str = "top-left",
+                 backend: str = "auto", check_finite: bool = True):
         super().__init__()
-        self.d_model = check_positive_int("d_model", d_model)
-        self.d_k = check_positive_int("d_k", d_k if d_k is not None else d_model)
-        self.d_v = check_positive_int("d_v", d_v if d_v is not None else self.d_k)
-        check_layer_settings(self, bias, is_causal, backend, check_finite)  # sets is_causal, backend, check_finite
-        self.window_size = check_layer_window(window_size, self.is_causal)  # (left, right), (-1, -1) = none
+        check_self_attention_args(self, (d_model, d_k, d_v), bias,
+                                  Options(is_causal=is_causal, window_size=window_size, align=align, backend=backend,
+                                          check_finite=check_finite))  # sets d_model .. check_finite
         self.w_q = nn.Linear(self.d_model, self.d_k, bias=bias)  # (C) -> (d_k)
         self.w_k = nn.Linear(self.d_model, self.d_k, bias=bias)  # (C) -> (d_k)
         self.w_v = nn.Linear(self.d_model, self.d_v, bias=bias)  # (C) -> (d_v)
@@ -92,18 +95,16 @@ class SelfAttention(nn.Module):
         Returns:
             output (B, L, d_v), or ``(output, scores)`` with scores (B, L, L).
         """
-        check_self_attention_call(self, x, mask, need_weights)
+        settings = check_self_attention_call(self, x, mask, need_weights, triton_interprets)
         q = self.w_q(x).unsqueeze(1)  # (B,L,C) -> (B,L,d_k) -> (B,1,L,d_k)
         k = self.w_k(x).unsqueeze(1)  # (B,L,C) -> (B,1,L,d_k)
         v = self.w_v(x).unsqueeze(1)  # (B,L,C) -> (B,1,L,d_v)
-        out, scores = attend(q, k, v, layer_mask(mask), is_causal=self.is_causal, scale=resolve_scale(None, self.d_k),
-                             need_weights=need_weights, backend=self.backend, check_finite=self.check_finite,
-                             window_size=self.window_size)  # (B,1,L,d_v), (B,1,L,L) or None
+        out, scores = attend(q, k, v, layer_mask(mask), settings, need_weights=need_weights)  # (B,1,L,d_v), (B,1,L,L) or None
         out = out.squeeze(1)  # (B,1,L,d_v) -> (B,L,d_v)
         return (out, scores.squeeze(1)) if need_weights else out  # scores (B,1,L,L) -> (B,L,L)
 
     def extra_repr(self) -> str:
-        window = f", window_size={self.window_size}" if self.window_size != (-1, -1) else ""
+        window = f", window_size={self.window_size}" if self.window_size != NO_WINDOW else ""
         return (f"d_model={self.d_model}, d_k={self.d_k}, d_v={self.d_v}, is_causal={self.is_causal}{window}"
                 + (f", backend={self.backend!r}" if self.backend != "auto" else ""))
 

@@ -10,21 +10,29 @@ Without the cache every step reruns the whole sequence so far: L = S = t queries
 step t, t² query·key products per head and layer, against t with the cache, which holds
 2·B·H_kv·t·D numbers per layer instead. Both give the same logits up to rounding, hence the
 same tokens (tests/unit/test_generate.py). ``trace=`` records, per step, the counts taken
-from the tensors of that step.
+from the tensors of that step. ``generate`` checks its arguments once, at its door
+(``attn_lib.checks.lm.check_generate_call``), and runs the model's unchecked forward
+(``TinyLM._run``) at every step.
 """
 from __future__ import annotations
 
 import torch
 
-from ..checks.lm import check_generate_args, check_token_ids
+from ..checks.lm import check_generate_call
 from ..layers.kv_cache import KVCache
+from .tiny_lm import TinyLM
 
 
 def _next_token(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
-    """logits (B, V) -> the next token ids (B, 1): argmax, or a draw from softmax(logits / T)."""
+    """logits (B, V) -> the next token ids (B, 1): argmax, or a draw from softmax(logits / T).
+
+    The draw shifts each row by its maximum before dividing by T, in float64: the largest logit
+    becomes exp(0) = 1, so a tiny T (1e-40) gives the argmax instead of inf / inf = nan.
+    """
     if temperature == 0.0:
         return logits.argmax(-1, keepdim=True)  # (B,V) -> (B,1)
-    probs = torch.softmax(logits / temperature, dim=-1)  # (B,V)
+    z = logits.double()  # (B,V)
+    probs = torch.softmax((z - z.amax(-1, keepdim=True)) / temperature, dim=-1)  # (B,V), every row finite
     return torch.multinomial(probs, 1, generator=generator)  # (B,V) -> (B,1)
 
 
@@ -59,15 +67,13 @@ def generate(model, prompt_ids: torch.Tensor, max_new_tokens: int, *, kv_cache: 
         (B, L + max_new_tokens) token ids (or (L + max_new_tokens,) for a 1-D prompt): the
         prompt, then the new tokens.
     """
-    max_new_tokens, temperature = check_generate_args(model, max_new_tokens, kv_cache, temperature, generator, trace)
-    one = isinstance(prompt_ids, torch.Tensor) and prompt_ids.ndim == 1
-    ids = prompt_ids[None] if one else prompt_ids  # (L,) -> (1,L)
-    check_token_ids("prompt_ids", ids, model.vocab_size, min_length=1)
-    ids = ids.long()  # (B,L)
+    ids, max_new_tokens, temperature = check_generate_call(model, TinyLM, prompt_ids, max_new_tokens, kv_cache,
+                                                            temperature, generator, trace)  # ids (B,L) int64
+    one = prompt_ids.ndim == 1
     caches = [KVCache() for _ in model.blocks] if kv_cache else None
     new = ids  # what the next forward reads: the prompt, then one token per step with the cache
     for step in range(max_new_tokens):
-        logits = model(new if kv_cache else ids, caches)  # (B,l,V): l = len(new) or the whole length
+        logits = model._run(new if kv_cache else ids, caches)  # (B,l,V): l = len(new) or the whole length
         if trace is not None:
             keys = ids.shape[1] if caches is None else len(caches[0])  # the keys this step attended over
             _record(trace, model, step, logits.shape[1], keys, ids.shape[0], caches)

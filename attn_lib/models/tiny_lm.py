@@ -8,7 +8,10 @@
 
 Positions come from RoPE inside the attention layers (``RotaryMultiHeadAttention`` of chapter
 10 with ``is_causal=True``), so the model has no length limit. ``forward(ids, kv_caches)`` with
-one ``KVCache`` per block computes only the new tokens (``attn_lib.generate``). Training runs
+one ``KVCache`` per block computes only the new tokens (``attn_lib.generate``); a forward that
+fails in any block leaves every cache as it was. ``forward`` checks its input once, at its door
+(``attn_lib.checks.lm.check_lm_call``); the blocks below it run unchecked (``Block._run``,
+``MultiHeadAttention._forward``), and ``generate`` calls ``TinyLM._run`` step by step. Training runs
 in float64 with a fixed seed, as chapter 10's model does; the caller sets
 ``torch.set_num_threads(1)`` for results that do not depend on the thread count.
 """
@@ -18,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import lm_data
 from ..checks import check_positive_int
-from ..checks.lm import check_caches_fit, check_kv_caches, check_prompts, check_token_ids
+from ..checks.lm import check_lm_call, check_prompts
 from ..checks.sequences import check_train_args
+from ..rules.settings import layer_settings
+from . import lm_data
 from .tiny_model import RotaryMultiHeadAttention, adam_steps
 
 
@@ -77,8 +81,20 @@ class Block(nn.Module):
         self.mlp = MLP(d_model, mlp_hidden)
 
     def forward(self, x: torch.Tensor, kv_cache=None, need_weights: bool = False):
-        """一个块的前向计算：返回新的 x (B, L, C) 和注意力分数 (B, H, L, S)（不要分数时为 None）。"""
+        """一个块的前向计算：返回新的 x (B, L, C) 和注意力分数 (B, H, L, S)（不要分数时为 None）；注意力层在它的门检查 x。"""
         a = self.attn(self.norm1(x), kv_cache=kv_cache, need_weights=need_weights)  # (B,L,C)
+        return self._residual(x, a, need_weights)
+
+    def _run(self, x: torch.Tensor, kv_cache, need_weights: bool):
+        """forward without checks (TinyLM's door checked the ids and every cache): x (B, L, C) -> (x, scores)."""
+        h, attn = self.norm1(x), self.attn  # (B,L,C)
+        L = h.shape[1]
+        S = L + (0 if kv_cache is None else len(kv_cache))
+        settings = layer_settings(attn, L, S, attn.head_dim, attn.out_proj.weight.dtype, cached=kv_cache is not None)
+        a = attn._forward(h, h, h, None, need_weights, kv_cache, settings)  # (B,L,C) or ((B,L,C), (B,H,L,S))
+        return self._residual(x, a, need_weights)
+
+    def _residual(self, x, a, need_weights: bool):
         a, scores = a if need_weights else (a, None)  # (B,L,C), (B,H,L,S) or None
         x = x + a  # (B,L,C)
         return x + self.mlp(self.norm2(x)), scores  # (B,L,C)
@@ -119,15 +135,23 @@ class TinyLM(nn.Module):
         Returns:
             logits (B, L, V), or ``(logits, scores)`` with scores a list of (B, H, L, S), one per block.
         """
-        check_token_ids("ids", ids, self.vocab_size)
-        check_kv_caches(kv_caches, len(self.blocks))
-        check_caches_fit(self, ids, kv_caches)  # all of them before any block appends
-        x = self.embed(ids.long())  # (B,L) -> (B,L,C)
-        scores = []
-        for i, block in enumerate(self.blocks):
-            x, s = block(x, None if kv_caches is None else kv_caches[i], need_weights)  # (B,L,C)
-            scores.append(s)
-        logits = self.readout(self.norm(x))  # (B,L,C) -> (B,L,V)
+        check_lm_call(self, ids, kv_caches, need_weights)  # every cache, before any block appends
+        return self._run(ids, kv_caches, need_weights)
+
+    def _run(self, ids: torch.Tensor, kv_caches=None, need_weights: bool = False):
+        """forward 的无检查内核：任何一个块失败时，每个缓存都回到调用前的样子。"""
+        states = None if kv_caches is None else [cache.state() for cache in kv_caches]
+        try:
+            x = self.embed(ids.long())  # (B,L) -> (B,L,C)
+            scores = []
+            for i, block in enumerate(self.blocks):
+                x, s = block._run(x, None if kv_caches is None else kv_caches[i], need_weights)  # (B,L,C)
+                scores.append(s)
+            logits = self.readout(self.norm(x))  # (B,L,C) -> (B,L,V)
+        except BaseException:
+            for cache, state in zip(kv_caches or (), states or ()):
+                cache.restore(state)  # a block that failed after an earlier one stored: undo them all
+            raise
         return (logits, scores) if need_weights else logits
 
 
@@ -173,7 +197,7 @@ def complete_verbs(model: TinyLM, prompts) -> list[str]:
     All prompts go in one padded batch; causal attention makes the padding after a prompt
     invisible to its last position, whose logits choose the word.
     """
-    check_prompts(prompts)
+    check_prompts(prompts, lm_data.Prompt)
     data = lm_data.encode(prompts)
     logits = model(data["ids"])  # (N,L) -> (N,L,V)
     last = logits[torch.arange(len(prompts)), data["lengths"] - 1]  # (N,L,V) -> (N,V)
@@ -188,7 +212,7 @@ def completion_rate(model: TinyLM, prompts) -> float:
 
 def baseline_rate(train_sentences, prompts) -> tuple[str, float]:
     """不看物体的基线：总是续写训练句里「被」后面最常见的词（二元模型的贪心选择），返回（这个词，比例）。"""
-    check_prompts(prompts)
+    check_prompts(prompts, lm_data.Prompt)
     verb = lm_data.bigram_after(train_sentences, "被")
     return verb, sum(lm_data.fits(verb, p.objects) for p in prompts) / len(prompts)
 
@@ -219,7 +243,7 @@ def verb_step_attention_by_role(model: TinyLM, prompts) -> torch.Tensor:
     clause, 它, 被, the rest), summed over the tokens of that role and averaged over the
     prompts: a float64 (num_layers, H, len(PROMPT_ROLES)) tensor whose rows sum to 1.
     """
-    check_prompts(prompts)
+    check_prompts(prompts, lm_data.Prompt)
     total = None
     for p in prompts:
         w = verb_step_attention(model, p)  # (layers,H,L)

@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import check_positive_int
+from ..checks import check_int, check_positive_int
 from ..checks.sequences import check_tiny_batch, check_train_args
-from ..core.masks import padding_mask
 from ..layers.multihead import MultiHeadAttention
-from ..layers.positions import _rotate, sinusoidal_positions
+from ..layers.positions import rotate, sinusoidal_positions
+from ..rules.settings import layer_settings
 
 POSITION_KINDS = ("none", "sinusoidal", "rope")
 ROPE_BASE = 10000.0  # the wavelength scale of RoPE (apply_rotary's default)
@@ -44,7 +44,7 @@ class RotaryMultiHeadAttention(MultiHeadAttention):
     def _positions(self, q, k, past: int):
         """把 q (B,H,L,D) 和 k (B,H_kv,S,D) 按绝对位置 past, past+1, ... 旋转（S = L：自注意力）。"""
         pos = torch.arange(past, past + q.shape[2], device=q.device)  # (L,)
-        return _rotate(q, pos, ROPE_BASE), _rotate(k, pos, ROPE_BASE)  # (B,H,L,D), (B,H,S,D)
+        return rotate(q, pos, ROPE_BASE), rotate(k, pos, ROPE_BASE)  # (B,H,L,D), (B,H,S,D)
 
 
 class TinyItModel(nn.Module):
@@ -76,7 +76,7 @@ class TinyItModel(nn.Module):
         self.register_buffer("pe", sinusoidal_positions(max_len, d_model), persistent=False)  # (max_len,C)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, it_index: torch.Tensor):
-        """前向计算：返回每句的答案打分 (B, n_objects) 和注意力分数 (B, H, L, L)。
+        """前向计算：返回每句的答案打分 (B, n_objects) 和注意力分数 (B, H, L, L)（门只在这里检查一次，注意力层不再检查）。
 
         Args:
             ids: (B, L) token ids, right-padded.
@@ -91,7 +91,9 @@ class TinyItModel(nn.Module):
         x = self.embed(ids)  # (B,L) -> (B,L,C)
         if self.positions == "sinusoidal":
             x = x + self.pe[:L].to(x.dtype)  # (B,L,C) + (L,C) -> (B,L,C)
-        out, scores = self.attn(x, mask=padding_mask(lengths, L), need_weights=True)  # (B,L,C), (B,H,L,L)
+        keep = torch.arange(L, device=ids.device)[None, :] < lengths[:, None]  # (1,L) < (B,1) -> (B,L): real tokens
+        settings = layer_settings(self.attn, L, L, self.attn.head_dim, x.dtype)
+        out, scores = self.attn._forward(x, x, x, keep[:, None, None, :], True, None, settings)  # (B,L,C), (B,H,L,L)
         h = out[torch.arange(B), it_index]  # (B,L,C) -> (B,C): the 「它」 position
         return self.readout(h), scores  # (B,C) -> (B,n_objects)
 
@@ -176,8 +178,10 @@ def without_head(model: TinyItModel, head: int) -> TinyItModel:
     query heads, so the query head's own output columns of ``out_proj`` are zeroed instead:
     its contribution is 0 all the same, the other heads are unchanged.
     """
-    if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < model.attn.num_heads:
-        raise ValueError(f"head must be an int in 0..{model.attn.num_heads - 1}, got {head!r}")
+    head = check_int("head", head, 0)
+    if head >= model.attn.num_heads:
+        raise ValueError(f"head must be an int in 0..{model.attn.num_heads - 1} (the model has "
+                         f"{model.attn.num_heads} heads), got {head}")
     ablated = copy.deepcopy(model)
     attn = ablated.attn
     C, D = attn.d_model, attn.head_dim

@@ -1,4 +1,4 @@
-"""第 3–9 章共用（书中不单独讲）：数值规则只写在这一处——工作精度、默认缩放、溢出的界和报错、点积精度。
+"""第 3–13 章共用（书中不单独讲）：数值规则只写在这一处——工作精度、默认缩放、溢出的界和报错、点积精度。
 
 Every attention path (reference, numpy twin, SDPA fast path, tiled torch, Triton) takes these
 rules from here, so that a reader who learns one rule in one chapter finds it true everywhere:
@@ -6,8 +6,8 @@ rules from here, so that a reader who learns one rule in one chapter finds it tr
 - the working dtype: float64 stays float64, everything else computes in float32;
 - the default scale ``1 / sqrt(D)``;
 - overflow: a row that sees at least one key but whose scores (or log-sum-exp) are not
-  finite overflowed and raises ``overflow_error`` (one message); a row that sees no key
-  gives zeros;
+  finite overflowed and raises ``overflow_error`` (one message, naming the direction: +inf,
+  or -inf when every visible score fell to -inf); a row that sees no key gives zeros;
 - the dot precision: fp32 dots are IEEE, not TF32; ``DOT_FP32`` (every ``tl.dot`` in fp32)
   under Triton's interpreter and for bfloat16 before sm_80.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-OVERFLOW_MESSAGE = "attention scores overflowed to +inf"
+OVERFLOW_MESSAGE = "attention scores overflowed"  # every overflow error starts so
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2): natural log = log2 * LN2
 FLOAT32_MAX = 3.4028234663852886e38
@@ -31,6 +31,39 @@ def work_dtype(dtype):
     import torch
 
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def projection_dtype(dtype, device):
+    """层的投影实际产出的精度：torch.autocast 对这个设备开着时是它的精度（float64 参数不受 autocast 影响），否则就是参数的精度。
+
+    Args:
+        dtype: the layer's parameter dtype (a torch dtype).
+        device: the input's device.
+    """
+    import torch
+
+    kind = torch.device(device).type
+    if dtype != torch.float64 and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return dtype
+
+
+def autocast_off(device):
+    """关掉这个设备上的 torch.autocast（没开时什么也不做）：注意力内核自己管精度（见 work_dtype），不让 autocast 改写它的矩阵乘法。
+
+    Returns:
+        A context manager.
+    """
+    import contextlib
+
+    import torch
+
+    kind = torch.device(device).type
+    try:
+        on = torch.is_autocast_enabled(kind)
+    except RuntimeError:  # a device type autocast does not know (e.g. meta)
+        on = False
+    return torch.autocast(kind, enabled=False) if on else contextlib.nullcontext()
 
 
 def resolve_scale(scale: float | None, D: int) -> float:
@@ -50,59 +83,22 @@ def base2_factor(scale: float, dtype) -> tuple[float, float]:
     return (folded, 1.0) if fits else (scale, LOG2E)
 
 
-def overflow_error(dtype: Any) -> ValueError:
-    """分数溢出时所有路径共用的报错（消息开头固定，见 OVERFLOW_MESSAGE）。
+def overflow_error(dtype: Any, to: str = "+inf") -> ValueError:
+    """分数溢出时所有路径共用的报错（消息开头固定，见 OVERFLOW_MESSAGE），并说出溢出的方向。
 
     Args:
         dtype: the working dtype in which the scores overflowed (torch or numpy).
+        to: ``"+inf"``, ``"-inf"`` (every visible score of a row fell to -inf) or ``"±inf"``
+            (the direction is not known, e.g. from a nan output).
 
     Returns:
         The ``ValueError`` to raise.
     """
     name = str(dtype).replace("torch.", "")
     return ValueError(
-        f"{OVERFLOW_MESSAGE} (|scale·q·k| exceeds the range of {name}); "
+        f"{OVERFLOW_MESSAGE} to {to} (|scale·q·k| exceeds the range of {name}); "
         "compute in float64 or use a smaller scale"
     )
-
-
-def rows_with_keys(L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, device, *,
-                   window_size=(-1, -1)):
-    """哪些查询行至少看得见一个键：（B 或 1, 1, L）布尔张量（只读掩码，不读 q、k、v）；因果规则和滑动窗口合成一条带。"""
-    import torch
-
-    from .band import band
-
-    lo, hi = band(is_causal, window_size, causal_offset)
-    i = torch.arange(L, device=device)  # (L,)
-    start = torch.zeros_like(i) if lo is None else (i + lo).clamp(0, S)  # (L,) first visible key
-    end = torch.full_like(i, S) if hi is None else (i + hi + 1).clamp(0, S)  # (L,) sees keys < end
-    if key_padding_mask is None:
-        return (end > start)[None, None, :]  # (L,) -> (1,1,L)
-    present = torch.nn.functional.pad(key_padding_mask.to(torch.int32).cumsum(-1), (1, 0))  # (B,S) -> (B,S+1)
-    Bm = present.shape[0]
-    seen = present.gather(1, end.expand(Bm, L)) - present.gather(1, start.expand(Bm, L))  # (B,S+1) -> (B,L)
-    return ((seen > 0) & (end > start))[:, None, :]  # (B,L) -> (B,1,L)
-
-
-def raise_if_overflowed(lse, L: int, S: int, key_padding_mask, is_causal: bool, causal_offset: int, dtype, *,
-                        window_size=(-1, -1)) -> None:
-    """溢出规则（分块路径）：看得见键的行，log-sum-exp 却是 ±inf 或 nan，就是分数溢出了。
-
-    A row that sees no key has ``lse = -inf`` and a zero output: not an overflow. One
-    reduction and one host sync.
-
-    Raises:
-        ValueError: ``overflow_error(work_dtype(dtype))``.
-    """
-    import torch
-
-    if lse.numel() == 0:
-        return
-    has_key = rows_with_keys(L, S, key_padding_mask, is_causal, causal_offset, lse.device,
-                             window_size=window_size)  # (B|1,1,L)
-    if bool((~torch.isfinite(lse) & has_key).any()):
-        raise overflow_error(work_dtype(dtype))
 
 
 def dot_fp32(dtype, capability, interpret: bool) -> bool:
@@ -119,5 +115,5 @@ def dot_input_precision(dtype, dot_fp32_on: bool):
     return "ieee" if dtype == torch.float32 or dot_fp32_on else None
 
 
-__all__ = ["OVERFLOW_MESSAGE", "LOG2E", "LN2", "work_dtype", "resolve_scale", "base2_factor", "overflow_error",
-           "rows_with_keys", "raise_if_overflowed", "dot_fp32", "dot_input_precision"]
+__all__ = ["OVERFLOW_MESSAGE", "LOG2E", "LN2", "FLOAT32_MAX", "work_dtype", "projection_dtype", "autocast_off", "resolve_scale", "base2_factor",
+           "overflow_error", "dot_fp32", "dot_input_precision"]

@@ -1,24 +1,25 @@
 """第 8、9、13 章（书中不单独讲）：Triton 核函数的配置策略——块大小、片上内存估计、网格分段、偏移用 int32 还是 int64、对角线带的参数（纯 Python，不导入 Triton）。
 
-The kernels (``attn_lib/flash/triton/forward.py``, ``attn_lib/flash/triton/backward.py``) take their
-tile sizes from ``candidate_configs``: a fixed list per kernel kind and element size, tried in
-order by the launchers (``attn_lib/flash/triton/launch.py``) until one fits the GPU's shared
-memory; no autotune (multi-config autotune fails in the interpreter).
+The kernels (``forward.py``, ``backward.py``, ``decode.py`` beside this file) take their tile
+sizes from ``candidate_configs`` / ``decode_configs``: a fixed list per kernel kind and element
+size, tried in order by each file's launcher until one fits the GPU's shared memory; no
+autotune (multi-config autotune fails in the interpreter).
 """
 from __future__ import annotations
 
 import torch
 
-from ...rules.band import NO_WINDOW, band
 from ...checks import check_choice
-from ...checks.flash import MAX_HEAD_DIM
+from ...rules.band import Band
+from ...rules.names import MAX_HEAD_DIM
 
 MAX_GRID_Y = 65535  # CUDA's gridDim.y (and .z) limit; gridDim.x may reach 2**31 - 1
 INT32_LIMIT = 2**31
 INTERPRET_BLOCK = 32  # numpy on the CPU: one program per 32 rows keeps the padding waste low
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, (n - 1).bit_length())
 
 
@@ -95,7 +96,7 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
         A non-empty list of dicts with BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages.
     """
     check_choice("kind", kind, _KINDS)
-    block_d, block_dv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
+    block_d, block_dv = max(16, next_pow2(D)), max(16, next_pow2(Dv))
     elem = 4 if dtype == torch.float32 else 2
     pre_sm80 = capability is not None and tuple(capability) < (8, 0)
     if interpret:
@@ -152,8 +153,8 @@ def decode_configs(rows: int, D: int, Dv: int, dtype: torch.dtype, interpret: bo
     Returns:
         A non-empty list of dicts with BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages.
     """
-    bm = block_m or min(DECODE_MAX_ROWS, max(16, _next_pow2(rows)))
-    bd, bdv = max(16, _next_pow2(D)), max(16, _next_pow2(Dv))
+    bm = block_m or min(DECODE_MAX_ROWS, max(16, next_pow2(rows)))
+    bd, bdv = max(16, next_pow2(D)), max(16, next_pow2(Dv))
     elem = 4 if dtype == torch.float32 else 2
     pre_sm80 = capability is not None and tuple(capability) < (8, 0)
 
@@ -208,27 +209,45 @@ def needs_int64(spans, max_block: int = MAX_HEAD_DIM) -> bool:
                for rows, rs, cols, cs in spans)
 
 
-def band_args(is_causal: bool, window_size=NO_WINDOW, causal_offset: int = 0, L: int = 0, S: int = 0) -> dict:
+def band_args(band: Band, L: int, S: int) -> dict:
     """核函数的对角线带参数：查询 i 看得见键 j 当且仅当 band_lo <= j - i <= band_hi（HAS_LO / HAS_HI 为 False 的一侧不设界）。
 
-    ``attn_lib.rules.band.band(is_causal, window_size, causal_offset)`` for L queries and S keys,
-    normalised so that the kernels get small runtime ints: a side that every (i, j) satisfies
-    (``lo <= -(L - 1)``, ``hi >= S - 1``: a window wider than the sequence) becomes unbounded
-    (no masking work), and a side that hides everything is clamped to ``S`` / ``-L``.
+    ``band`` is already normalised for these L and S (``Band.resolve``): a side that every
+    (i, j) satisfies is unbounded, and a side that hides everything is clamped to ``S`` / ``-L``,
+    so the kernels get small runtime ints.
 
     Returns:
         ``{"band_lo": int, "band_hi": int, "HAS_LO": bool, "HAS_HI": bool}`` (an unbounded side
         passes 0).
     """
-    left, right = (int(side) for side in window_size)
-    lo, hi = band(is_causal, (left, right), int(causal_offset))
-    if lo is not None and lo <= -(L - 1):
-        lo = None
-    if hi is not None and hi >= S - 1:
-        hi = None
+    lo, hi = band.lo, band.hi
     return {"band_lo": 0 if lo is None else min(lo, S), "band_hi": 0 if hi is None else max(hi, -L),
             "HAS_LO": lo is not None, "HAS_HI": hi is not None}
 
 
-__all__ = ["band_args", "candidate_configs", "decode_configs", "default_config", "grid_chunks", "needs_int64", "MAX_HEAD_DIM",
+def spans(*tensors) -> list:
+    """``(rows, row_stride, cols, col_stride)`` of each (B, H, rows, cols) tensor, for ``needs_int64``."""
+    return [(t.shape[2], t.stride(2), t.shape[3], t.stride(3)) for t in tensors]
+
+
+def key_mask_args(key_mask, dummy):
+    """The key mask as the kernels read it: int8 (B, S), 1 = present, and its strides; ``dummy`` and (0, 0) without one."""
+    if key_mask is None:
+        return dummy, (0, 0)  # never read (HAS_KPM=False)
+    kpm = key_mask.to(torch.int8)  # (B,S), 1 = key present
+    return kpm, kpm.stride()
+
+
+def scale_args(qk_scale: tuple) -> dict:
+    """``qk_scale`` (scale·log2(e), or scale alone when that overflows float32) and ``SPLIT_SCALE`` from the base-2 factors."""
+    a, b = qk_scale
+    return {"qk_scale": a, "SPLIT_SCALE": b != 1.0}
+
+
+def block_args(cfg: dict) -> dict:
+    """A configuration's launch keywords: BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages."""
+    return {name: cfg[name] for name in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_DV", "num_warps", "num_stages")}
+
+
+__all__ = ["block_args", "key_mask_args", "scale_args", "spans", "next_pow2", "band_args", "candidate_configs", "decode_configs", "default_config", "grid_chunks", "needs_int64", "MAX_HEAD_DIM",
            "MAX_GRID_Y", "SMEM_BUDGET", "SMEM_BUDGET_PRE_SM80", "INTERPRET_BLOCK"]

@@ -1,31 +1,32 @@
 """第 13 章（FlashDecoding 的 Triton 核函数）：切分核函数把 KV 缓存的键轴切成几段并行地算，合并核函数按 log-sum-exp 规则把各段精确地合起来。
 
-Do not import this module directly: it imports Triton at module level, so it is imported lazily
-(``attn_lib.flash.decoding`` does it after ``attn_lib.device.triton_interprets()`` has fixed the
-process's Triton mode, as ``attn_lib.flash.triton.entry.load_kernel`` does for chapter 8's kernels).
-Inputs are already checked by the door; nothing is checked here.
+Imported only through ``attn_lib.flash.triton.entry.load_kernels("decode")`` (it imports Triton at
+module level), after ``attn_lib.device.triton_interprets()`` has fixed the process's Triton mode.
+Inputs are already checked by the door (``attn_lib.checks.decoding``); nothing is checked here.
+Kernels, grids and launchers are in this one file, read top to bottom.
 
 A decode step: q (B, H, L, D) with small L, the cache k (B, H_kv, S_max, D), v (B, H_kv, S_max, Dv),
 ``seqlens`` (B,) int32: entry b uses keys 0 .. n_b - 1. The L queries are the last L positions
-(bottom-right causal): query i of entry b sees key j iff ``j < n_b`` and ``j <= n_b - L + i``.
+(bottom-right): query i of entry b sees key j iff ``j < n_b`` and, when ``is_causal``,
+``j <= n_b - L + i``.
 
-- ``_decode_split``: grid = (P splits, B·H_kv key/value heads, row blocks). The G = H / H_kv
+- ``decode_split``: grid = (P splits, B·H_kv key/value heads, row blocks) (``grid_split``). The G = H / H_kv
   query heads that share one key/value head are loaded together as the G·L rows of one query
   block (row r = g·L + i), so each K/V block is read once per group, never repeated per query
   head. Split p walks the whole key blocks ``p·keys_per_split .. (p+1)·keys_per_split`` (up to
-  n_b) with chapter 8's online softmax (``attn_lib.flash.triton.forward._attn_fwd_inner``): first the
-  blocks every row sees in full (no masking), then the ragged end with the causal rule as the
-  band ``j - i <= n_b - L``. It writes the partial output, normalised within the split (fp32),
+  n_b) with chapter 8's online softmax (``forward.attn_fwd_inner``): first the blocks every row
+  sees in full (no masking), then the ragged end (with the causal rule as the band
+  ``j - i <= n_b - L`` when ``IS_CAUSAL``). It writes the partial output, normalised within the split (fp32),
   and its log-sum-exp; ``-inf`` and zeros for a split with no visible key; NaN for a row whose
   visible scores all overflowed (a +inf score gives NaN anyway), for the door's overflow check.
   More than ``DECODE_MAX_ROWS`` (128) rows per group are cut into row blocks, each of which reads
   the split's K/V (the only case in which a block is read more than once).
-- ``_decode_merge``: one program per query row. With m = max_p lse_p and w_p = exp(lse_p - m):
+- ``decode_merge``: one program per query row (``grid_merge``). With m = max_p lse_p and w_p = exp(lse_p - m):
   out = sum_p w_p o_p / sum_p w_p (zeros where every split is empty), in q's dtype.
 - One split (``num_splits=1``) skips the merge: the split kernel writes the output itself.
 
-Tile sizes: ``attn_lib.flash.triton.configs.decode_configs`` (pure Python). Conventions of
-``attn_lib/flash/triton/forward.py``: masked pointer arithmetic (no ``tl.make_block_ptr``),
+Tile sizes: ``configs.decode_configs`` (pure Python). Conventions of ``forward.py``: masked
+pointer arithmetic (no ``tl.make_block_ptr``),
 a fixed list of configurations tried in order (no autotune), fp32 accumulation, ``DOT_FP32`` and
 ``input_precision="ieee"`` from ``attn_lib.rules.numerics`` (the interpreter's bf16 ``tl.dot`` is wrong;
 fp32 dots are TF32 on a GPU by default), B·H_kv launched in chunks of at most 65535 programs.
@@ -36,19 +37,19 @@ import torch
 import triton
 import triton.language as tl
 
-from ...rules.numerics import LN2
-from .configs import INT32_LIMIT, MAX_HEAD_DIM, _next_pow2, decode_configs, grid_chunks
-from .entry import kernel_flags
-from .launch import _run_first_fitting, _scale_args
-from ...device import triton_interprets
-from .forward import _attn_fwd_inner
+from ...rules.names import MAX_HEAD_DIM
+from ...rules.numerics import LN2, base2_factor
+from ...rules.settings import DecodeSettings
+from .configs import INT32_LIMIT, decode_configs, grid_chunks, next_pow2, scale_args
+from .entry import launch_target
+from .forward import attn_fwd_inner, run_first_fitting
 
 _LN2 = tl.constexpr(LN2)
 MERGE_BLOCK_P = 16  # splits the merge kernel reads at once
 
 
 @triton.jit
-def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
+def decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
                   stride_qb, stride_qh, stride_qm, stride_qd,  #
                   stride_kb, stride_kh, stride_kn, stride_kd,  #
                   stride_vb, stride_vh, stride_vn, stride_vd,  #
@@ -56,7 +57,7 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
                   stride_lb, stride_lh, stride_lm, stride_lp,  #
                   H_kv, G, L, keys_per_split, qk_scale, HZ_START,  #
                   D: tl.constexpr, DV: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
-                  INT64: tl.constexpr, SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,  #
+                  INT64: tl.constexpr, SPLIT_SCALE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,  #
                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     split = tl.program_id(0)
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)  # one key/value head of one batch entry
@@ -79,25 +80,27 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    # Keys [lo, hi) of this split, none >= n_b: [lo, full) every query sees; [full, hi) masked (j - i <= n_b - L).
+    # Keys [lo, hi) of this split, none >= n_b: [lo, full) every query sees; [full, hi) masked (causal: j - i <= n_b - L).
     lo = split * keys_per_split
     hi = tl.maximum(tl.minimum(lo + keys_per_split, n_b), lo)
-    full = tl.minimum(tl.maximum((tl.maximum(n_b - L + 1, 0) // BLOCK_N) * BLOCK_N, lo), hi)
+    seen_by_all = tl.maximum(n_b - L + 1, 0) if IS_CAUSAL else n_b  # keys < this are seen by every query row
+    full = tl.minimum(tl.maximum((seen_by_all // BLOCK_N) * BLOCK_N, lo), hi)
     k_base, v_base = K + off_b * stride_kb + off_hkv * stride_kh, V + off_b * stride_vb + off_hkv * stride_vh
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
-                                    offs_i, offs_n, offs_d, offs_dv, lo, full, n_b, qk_scale, 0, n_b - L,  #
-                                    D, DV, False, False, True, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                    BLOCK_N)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
-                                    offs_i, offs_n, offs_d, offs_dv, full, hi, n_b, qk_scale, 0, n_b - L,  #
-                                    D, DV, True, False, True, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                    BLOCK_N)
+    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
+                                   stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
+                                   offs_i, offs_n, offs_d, offs_dv, lo, full, n_b, qk_scale, 0, n_b - L,  #
+                                   D, DV, False, False, IS_CAUSAL, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                   BLOCK_N)
+    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
+                                   stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
+                                   offs_i, offs_n, offs_d, offs_dv, full, hi, n_b, qk_scale, 0, n_b - L,  #
+                                   D, DV, True, False, IS_CAUSAL, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
+                                   BLOCK_N)
     # Normalise within the split. l_i == 0: no visible key (lse -inf, output 0), or every visible score
     # overflowed to -inf (lse and output NaN, as a +inf score gives, so the door's check sees it).
     empty = l_i == 0.0
-    overflowed = empty & (tl.minimum(hi, n_b - L + 1 + offs_i) > lo)  # the row sees a key of this split
+    sees_to = tl.minimum(hi, n_b - L + 1 + offs_i) if IS_CAUSAL else hi  # the row sees keys [lo, sees_to)
+    overflowed = empty & (sees_to > lo)  # the row sees a key of this split
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, tl.where(overflowed, float("nan"), float("-inf")), (m_i + tl.math.log2(l_safe)) * _LN2)
     o = tl.where(overflowed[:, None], float("nan"), acc / l_safe[:, None])  # (BLOCK_M, BLOCK_DV)
@@ -110,7 +113,7 @@ def _decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
 
 
 @triton.jit
-def _decode_merge(OPart, LsePart, Out, stride_or, stride_op, stride_od, stride_lr, stride_lp, stride_outr,  #
+def decode_merge(OPart, LsePart, Out, stride_or, stride_op, stride_od, stride_lr, stride_lp, stride_outr,  #
                   stride_outd, P, DV: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # one query row (b, h, i)
     offs_p = tl.arange(0, BLOCK_P)
@@ -140,67 +143,72 @@ def _needs_int64(*extents) -> bool:
     return any(sum((n + MAX_HEAD_DIM) * abs(s) for n, s in dims) >= INT32_LIMIT for dims in extents)
 
 
-def _split_into(q, k, v, seqlens, num_splits: int, scale: float, o_part, lse_part, *, block_m=None, block_n=None,
-                target=None):
-    """Launch _decode_split writing into o_part (B, H, L, P, Dv) and lse_part (B, H, L, P), any strides."""
-    B, H, L, D = q.shape
-    H_kv, S, Dv = k.shape[1], k.shape[2], v.shape[3]
-    G = H // H_kv
-    interpret, capability = (triton_interprets(), None) if target is None else target
-    flags = kernel_flags(q.dtype, q.device, interpret, capability=capability)
-    configs = decode_configs(G * L, D, Dv, q.dtype, interpret, capability=flags["capability"], block_m=block_m,
+def grid_split(num_splits: int, count: int, rows: int, cfg: dict) -> tuple:
+    """The split kernel's grid: (splits, ``count`` key/value heads, blocks of BLOCK_M of the G·L query rows)."""
+    return (num_splits, count, triton.cdiv(rows, cfg["BLOCK_M"]))
+
+
+def grid_merge(rows: int) -> tuple:
+    """The merge kernel's grid: one program per query row."""
+    return (rows,)
+
+
+def _split_into(q, k, v, settings: DecodeSettings, parts, launch_opts) -> dict:
+    """Launch decode_split writing into parts = (o_part (B, H, L, P, Dv), lse_part (B, H, L, P)), any strides.
+
+    ``launch_opts = (target, block_m, block_n)``; ``settings.num_splits`` is P, ``settings.seqlens`` int32 (B,).
+    """
+    (B, H, L, D), (H_kv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
+    (o_part, lse_part), (target, block_m, block_n), G = parts, launch_opts, H // H_kv
+    tgt = launch_target(q, target)
+    configs = decode_configs(G * L, D, Dv, q.dtype, tgt["interpret"], capability=tgt["capability"], block_m=block_m,
                              block_n=block_n)
     so, sl = o_part.stride(), lse_part.stride()
     int64 = _needs_int64([(G, q.stride(1)), (L, q.stride(2)), (D, q.stride(3))],
                          [(S, k.stride(2)), (D, k.stride(3))], [(S, v.stride(2)), (Dv, v.stride(3))],
-                         [(G, so[1]), (L, so[2]), (num_splits, so[3]), (Dv, so[4])],
-                         [(G, sl[1]), (L, sl[2]), (num_splits, sl[3])])
-    sc = _scale_args(scale)
+                         [(G, so[1]), (L, so[2]), (settings.num_splits, so[3]), (Dv, so[4])],
+                         [(G, sl[1]), (L, sl[2]), (settings.num_splits, sl[3])])
+    sc = scale_args(base2_factor(settings.scale, settings.work_dtype))
 
     def run(cfg):
-        n_blocks = triton.cdiv(S, cfg["BLOCK_N"])
-        keys_per_split = triton.cdiv(n_blocks, num_splits) * cfg["BLOCK_N"]  # whole blocks per split
+        keys_per_split = triton.cdiv(triton.cdiv(S, cfg["BLOCK_N"]), settings.num_splits) * cfg["BLOCK_N"]  # whole blocks
         for start, count in grid_chunks(B * H_kv):
-            _decode_split[(num_splits, count, triton.cdiv(G * L, cfg["BLOCK_M"]))](
-                q, k, v, seqlens, o_part, lse_part,  #
+            decode_split[grid_split(settings.num_splits, count, G * L, cfg)](
+                q, k, v, settings.seqlens, o_part, lse_part,  #
                 *q.stride(), *k.stride(), *v.stride(), *so, *sl,  #
                 H_kv, G, L, keys_per_split, sc["qk_scale"], start,  #
-                D=D, DV=Dv, DOT_FP32=flags["dot_fp32"], INPUT_PRECISION=flags["input_precision"], INT64=int64,
-                SPLIT_SCALE=sc["SPLIT_SCALE"], **cfg)
+                D=D, DV=Dv, DOT_FP32=tgt["dot_fp32"], INPUT_PRECISION=tgt["input_precision"], INT64=int64,
+                SPLIT_SCALE=sc["SPLIT_SCALE"], IS_CAUSAL=settings.is_causal, **cfg)
 
-    return _run_first_fitting(configs, run)
+    return run_first_fitting(configs, run)
 
 
-def decode_split(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=None, block_n=None, target=None):
+def launch_split(q, k, v, settings: DecodeSettings, *, target=None, block_m=None, block_n=None):
     """切分核函数：每段键给出段内归一化的部分输出和它的 log-sum-exp（没有可见键的段给 0 和 -inf）。
 
     Args:
         q, k, v: (B, H, L, D), (B, H_kv, S_max, D), (B, H_kv, S_max, Dv); fp16, bf16 or fp32.
-        seqlens: (B,) int32 on q's device, 0 <= n_b <= S_max.
-        num_splits: P >= 1 contiguous chunks of whole key blocks (more than there are blocks: the
-            extra splits are empty).
-        scale: multiplies q·k.
+        settings: ``seqlens`` (B,) int32 on q's device (0 <= n_b <= S_max), ``num_splits`` P >= 1
+            contiguous chunks of whole key blocks (more than there are blocks: the extra splits are
+            empty), ``scale``, ``is_causal``.
+        target: ``(interpret, capability)`` to launch for (``bench/gpu.py --compile-only``).
         block_m, block_n: override BLOCK_M (rows per query block) / BLOCK_N (keys per block).
-        target: ``(interpret, capability)`` to launch for; default this process's Triton mode and
-            q's GPU (``bench/gpu.py --compile-only`` passes the GPU it compiles for).
 
     Returns:
         ``(o_part, lse_part)``: (B, H, L, P, Dv) and (B, H, L, P), float32.
     """
-    B, H, L, _ = q.shape
-    Dv = v.shape[3]
-    o_part = torch.empty(B, H, L, num_splits, Dv, dtype=torch.float32, device=q.device)  # (B,H,L,P,Dv)
-    lse_part = torch.empty(B, H, L, num_splits, dtype=torch.float32, device=q.device)  # (B,H,L,P)
+    (B, H, L, _), Dv, P = q.shape, v.shape[3], settings.num_splits
+    o_part = torch.empty(B, H, L, P, Dv, dtype=torch.float32, device=q.device)  # (B,H,L,P,Dv)
+    lse_part = torch.empty(B, H, L, P, dtype=torch.float32, device=q.device)  # (B,H,L,P)
     if B * H * L * Dv and k.shape[2]:  # the kernel writes every element
-        _split_into(q, k, v, seqlens, num_splits, scale, o_part, lse_part, block_m=block_m, block_n=block_n,
-                    target=target)
+        _split_into(q, k, v, settings, (o_part, lse_part), (target, block_m, block_n))
     else:  # no key at all: every split is empty
         o_part.zero_()
         lse_part.fill_(float("-inf"))
     return o_part, lse_part
 
 
-def decode_merge(o_part, lse_part, dtype):
+def launch_merge(o_part, lse_part, dtype):
     """合并核函数：m = max lse_p，w_p = exp(lse_p − m)，out = Σ w_p o_p / Σ w_p；一个键也看不见的行给 0。
 
     Args:
@@ -219,33 +227,30 @@ def decode_merge(o_part, lse_part, dtype):
     o3 = o_part.reshape(rows, P, Dv)  # (...,P,Dv) -> (R,P,Dv)
     l2 = lse_part.reshape(rows, P)  # (...,P) -> (R,P)
     o2 = out.view(rows, Dv)  # (...,Dv) -> (R,Dv)
-    _decode_merge[(rows,)](o3, l2, o2, *o3.stride(), *l2.stride(), *o2.stride(), P, DV=Dv,
-                           BLOCK_P=min(MERGE_BLOCK_P, max(2, _next_pow2(P))), BLOCK_DV=max(16, _next_pow2(Dv)))
+    decode_merge[grid_merge(rows)](o3, l2, o2, *o3.stride(), *l2.stride(), *o2.stride(), P, DV=Dv,
+                                   BLOCK_P=min(MERGE_BLOCK_P, max(2, next_pow2(P))), BLOCK_DV=max(16, next_pow2(Dv)))
     return out
 
 
-def decode_attention(q, k, v, seqlens, num_splits: int, scale: float, *, block_m=None, block_n=None, target=None):
+def launch(q, k, v, settings: DecodeSettings, *, target=None, block_m=None, block_n=None):
     """FlashDecoding 的一步（输入已检查过）：切分核函数加合并核函数；返回 out (B, H, L, Dv)，精度同 q。
 
     Query head h reads key/value head h // (H // H_kv) in place (K and V are never repeated).
-    ``num_splits == 1`` runs the split kernel alone, writing the output in q's dtype.
+    One split (``settings.num_splits == 1``) runs the split kernel alone, writing the output in q's dtype.
 
     Args:
-        q, k, v, seqlens, num_splits, scale, block_m, block_n, target: as in ``decode_split``.
+        q, k, v, settings, target, block_m, block_n: as in ``launch_split``.
     """
-    B, H, L, _ = q.shape
-    Dv = v.shape[3]
-    if num_splits > 1:
-        o_part, lse_part = decode_split(q, k, v, seqlens, num_splits, scale, block_m=block_m, block_n=block_n,
-                                        target=target)
-        return decode_merge(o_part, lse_part, q.dtype)
+    (B, H, L, _), Dv = q.shape, v.shape[3]
+    if settings.num_splits > 1:
+        o_part, lse_part = launch_split(q, k, v, settings, target=target, block_m=block_m, block_n=block_n)
+        return launch_merge(o_part, lse_part, q.dtype)
     if not (B * H * L * Dv and k.shape[2]):
         return torch.zeros(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv): no key, zeros
     out = torch.empty(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv), every row written
     lse = torch.empty(B, H, L, 1, dtype=torch.float32, device=q.device)  # (B,H,L,1), not returned
-    _split_into(q, k, v, seqlens, 1, scale, out.unsqueeze(3), lse, block_m=block_m, block_n=block_n,
-                target=target)  # out as (B,H,L,1,Dv)
+    _split_into(q, k, v, settings, (out.unsqueeze(3), lse), (target, block_m, block_n))  # out as (B,H,L,1,Dv)
     return out
 
 
-__all__ = ["decode_attention", "decode_merge", "decode_split"]
+__all__ = ["decode_split", "decode_merge", "grid_split", "grid_merge", "launch", "launch_split", "launch_merge"]

@@ -1,41 +1,39 @@
-"""第 8 章（FlashAttention 前向的 Triton 核函数）：与 attn_lib/flash/tiled_forward.py 同一个算法，一个程序实例算一块查询。
+"""第 8 章（FlashAttention 前向的 Triton 核函数）：与 attn_lib/flash/tiled_forward.py 同一个算法，一个程序实例算一块查询；核函数、网格和启动器都在这一个文件里，从上往下读。
 
-Do not import this module directly: ``attn_lib.flash.autograd.load_kernel()`` imports the launchers
-(``attn_lib.flash.triton.launch``, which import this module) after
+Imported only through ``attn_lib.flash.triton.entry.load_kernels("forward")``, after
 ``attn_lib.device.triton_interprets()`` has fixed, once per process, whether Triton runs
 compiled GPU kernels or its interpreter (``TRITON_INTERPRET=1`` on a machine without a CUDA
 device: the interpreter runs the kernel with numpy on the CPU, so the tests and the book run
-it without a GPU). The backward kernels are chapter 9's ``attn_lib/flash/triton/backward.py``;
-the tile sizes are chosen by ``attn_lib/flash/triton/configs.py`` (pure Python).
+it without a GPU). The backward kernels are chapter 9's ``backward.py`` beside this file; the
+tile sizes come from ``configs.py`` (pure Python).
 
 Structure and names follow the Triton fused-attention tutorial (FlashAttention-2) and the
 FlashAttention paper (Dao et al. 2022, arXiv 2205.14135, Algorithm 1):
 
-- grid = (ceil(L / BLOCK_M), B * H): program (start_m, off_hz) owns queries
+- grid = (ceil(L / BLOCK_M), B * H) (``grid``): program (start_m, off_hz) owns queries
   ``start_m*BLOCK_M .. +BLOCK_M`` of head ``off_hz``; Q_i stays in registers/SRAM, together
   with the running statistics ``m_i`` (row max, base 2), ``l_i`` (row sum) and ``acc``.
 - GQA (``enable_gqa``): k, v have H_kv heads, G = H // H_kv; query head h reads key/value head
   ``h // G`` in place (K and V are never repeated).
-- ``_attn_fwd_inner`` streams K_j, V_j blocks of BLOCK_N keys from HBM: paper lines 6-12.
-  The middle stage covers key blocks every query of the block fully sees (no masking work);
-  the two masked stages cover the band's left edge, and its right edge with the ragged end of S.
+- ``attn_fwd_inner`` streams K_j, V_j blocks of BLOCK_N keys from HBM: paper lines 6-12.
+  ``attn_fwd`` runs it over three stages of key blocks (``_key_range``): the band's left edge
+  (masked), the blocks every query of the block fully sees (no masking work), the band's right
+  edge with the ragged end of S (masked).
 - ``exp2`` with ``log2(e)`` multiplied into the scores (``qk_scale``), as in the tutorial.
-- The band of ``attn_lib.rules.band`` (causal and sliding windows in one rule): query i sees key j
-  iff ``band_lo <= j - i <= band_hi``; ``HAS_LO`` / ``HAS_HI`` (constexpr) are False for an
-  unbounded side. ``is_causal`` is ``band_hi = causal_offset`` (0: top-left, ``S - L``:
-  bottom-right, as in KV-cache decoding); ``window_size=(left, right)`` adds
-  ``band_lo = offset - left``. ``_key_range`` skips the key blocks nobody in the query block sees,
-  so a window of width w costs O(L·w), not O(L·S).
+- The band (``settings.band``, ``attn_lib.rules.band``: causal, sliding windows and the
+  alignment in one rule): query i sees key j iff ``band_lo <= j - i <= band_hi``; ``HAS_LO`` /
+  ``HAS_HI`` (constexpr) are False for an unbounded side. ``_key_range`` skips the key blocks
+  nobody in the query block sees, so a window of width w costs O(L·w), not O(L·S).
 
-Common to every kernel (forward and backward):
+Common to every kernel (forward, backward, decode):
 
 - Any L and S and any head dim 1..256: loads are masked, the head dims are padded to
   BLOCK_D / BLOCK_DV = next power of two (at least 16, the smallest ``tl.dot``). The head dims
   are compile-time constants (``D``, ``DV``, as HEAD_DIM in the tutorial), so for D = BLOCK_D
   the head-dim masks are all-true and fold away.
 - Plain pointer arithmetic with masks (no ``tl.make_block_ptr``, gone in Triton 3.9), a fixed
-  list of configurations tried in order (no autotune: multi-config autotune fails in the
-  interpreter).
+  list of configurations tried in order (``run_first_fitting``; no autotune: multi-config
+  autotune fails in the interpreter).
 - fp16 / bf16 / fp32 inputs, fp32 accumulation; fp32 dots use ``input_precision="ieee"``
   (the GPU default would be TF32, 10-bit mantissa). ``DOT_FP32`` makes every dot run in fp32
   after rounding its inputs as the GPU would: in the interpreter (its bf16 ``tl.dot`` is
@@ -47,10 +45,15 @@ Common to every kernel (forward and backward):
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
-from attn_lib.rules.numerics import LN2, LOG2E
+from ...rules.numerics import LN2, LOG2E
+from ...rules.settings import AttentionSettings
+from .configs import band_args, block_args, candidate_configs, grid_chunks, key_mask_args, needs_int64, scale_args, spans
+from .entry import launch_target
 
 _LN2 = tl.constexpr(LN2)
 _LOG2E = tl.constexpr(LOG2E)
@@ -76,7 +79,7 @@ def _in_band(visible, diff, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: tl.c
 
 
 @triton.jit
-def _attn_fwd_inner(acc, l_i, m_i, q,  #
+def attn_fwd_inner(acc, l_i, m_i, q,  #
                     k_base, v_base, kpm_base,  #
                     stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
                     offs_m, offs_n, offs_d, offs_dv,  #
@@ -155,54 +158,33 @@ def _key_range(start_m, L, S, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: tl
 
 
 @triton.jit
-def _attn_fwd_band(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
-                   stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                   offs_m, offs_n, offs_d, offs_dv, first, full, last, end, S, qk_scale, band_lo, band_hi,  #
-                   D: tl.constexpr, DV: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,  #
-                   HAS_KPM: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
-                   SPLIT_SCALE: tl.constexpr, BLOCK_N: tl.constexpr):
-    # The three stages of _key_range: the band's left edge (masked), whole blocks (unmasked),
-    # the right edge and the ragged end of S (masked).
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, first, full, S, qk_scale, band_lo, band_hi,  #
-                                    D, DV, True, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                    BLOCK_N)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, full, last, S, qk_scale, band_lo, band_hi,  #
-                                    D, DV, False, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                    BLOCK_N)
-    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, kpm_base,  #
-                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                    offs_m, offs_n, offs_d, offs_dv, last, end, S, qk_scale, band_lo, band_hi,  #
-                                    D, DV, True, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                    BLOCK_N)
-    return acc, l_i, m_i
+def _stage_bounds(stage: tl.constexpr, first, full, last, end):
+    # The key (or query) blocks of one of the three stages: [first, full), [full, last), [last, end).
+    if stage == 0:
+        return first, full
+    if stage == 1:
+        return full, last
+    return last, end
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
-              stride_qb, stride_qh, stride_qm, stride_qd,  #
-              stride_kb, stride_kh, stride_kn, stride_kd,  #
-              stride_vb, stride_vh, stride_vn, stride_vd,  #
-              stride_ob, stride_oh, stride_om, stride_od,  #
-              stride_kpm_b, stride_kpm_n,  #
-              H, G, L, S, qk_scale, band_lo, band_hi, HZ_START,  #
-              D: tl.constexpr, DV: tl.constexpr,  #
-              HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
-              DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
-              SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+def attn_fwd(Q, K, V, KPM, Out, LSE,  #
+             stride_qb, stride_qh, stride_qm, stride_qd,  #
+             stride_kb, stride_kh, stride_kn, stride_kd,  #
+             stride_vb, stride_vh, stride_vn, stride_vd,  #
+             stride_ob, stride_oh, stride_om, stride_od,  #
+             stride_kpm_b, stride_kpm_n,  #
+             H, G, L, S, qk_scale, band_lo, band_hi, HZ_START,  #
+             D: tl.constexpr, DV: tl.constexpr,  #
+             HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+             DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
+             SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     start_m = tl.program_id(0)
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)  # this chunk's heads start at HZ_START
     off_b = off_hz // H
     off_h = off_hz % H
     off_hkv = off_h // G  # GQA: the key/value head this query head shares, read in place
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
-    o_base = Out + off_b * stride_ob + off_h * stride_oh
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     if INT64:  # an offset inside one head may reach 2**31
@@ -215,23 +197,81 @@ def _attn_fwd(Q, K, V, KPM, Out, LSE,  #
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     # Load Q_i once: it stays on chip for the whole inner loop.  (BLOCK_M, BLOCK_D)
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    q = tl.load(Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=(offs_m[:, None] < L) & (offs_d[None, :] < D), other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
     first, full, last, end = _key_range(start_m, L, S, band_lo, band_hi, HAS_LO, HAS_HI, BLOCK_M, BLOCK_N)
-    acc, l_i, m_i = _attn_fwd_band(acc, l_i, m_i, q, k_base, v_base, KPM + off_b * stride_kpm_b,  #
-                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                                   offs_m, offs_n, offs_d, offs_dv, first, full, last, end, S, qk_scale,  #
-                                   band_lo, band_hi, D, DV, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION,
-                                   SPLIT_SCALE, BLOCK_N)
+    for stage in tl.static_range(3):  # the band's left edge (masked), whole blocks, the right edge (masked)
+        lo, hi = _stage_bounds(stage, first, full, last, end)
+        acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, K + off_b * stride_kb + off_hkv * stride_kh,  #
+                                       V + off_b * stride_vb + off_hkv * stride_vh, KPM + off_b * stride_kpm_b,  #
+                                       stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                                       offs_m, offs_n, offs_d, offs_dv, lo, hi, S, qk_scale, band_lo, band_hi,  #
+                                       D, DV, stage != 1, HAS_LO, HAS_HI, HAS_KPM, DOT_FP32, INPUT_PRECISION,
+                                       SPLIT_SCALE, BLOCK_N)
     # Paper line 12 after the last block: O_i = acc / l_i; log-sum-exp in natural log.
     # l_i == 0: the row saw no key (lse = -inf, output 0). An overflowed score (+inf) makes
-    # l_i NaN, so lse is NaN and attn_lib.flash.autograd reports it after the kernel.
+    # l_i NaN, so lse is NaN and the caller's overflow rule reports it after the kernel.
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * _LN2)
     tl.store(LSE + off_hz * L + offs_m, lse, mask=offs_m < L)
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
-             acc.to(Out.dtype.element_ty), mask=(offs_m[:, None] < L) & (offs_dv[None, :] < DV))
+    tl.store(Out + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :] * stride_od,
+             (acc / l_safe[:, None]).to(Out.dtype.element_ty), mask=(offs_m[:, None] < L) & (offs_dv[None, :] < DV))
+
+
+def grid(L: int, count: int, cfg: dict) -> tuple:
+    """The forward's grid: one program per block of BLOCK_M queries (axis 0) of each of ``count`` heads (axis 1)."""
+    return (triton.cdiv(L, cfg["BLOCK_M"]), count)
+
+
+def run_first_fitting(configs: list, run) -> dict:
+    """Run ``run(cfg)`` with the first configuration this GPU's shared memory accepts; return it."""
+    for cfg in configs[:-1]:
+        try:
+            run(cfg)
+            return cfg
+        except OutOfResources:  # a smaller configuration may fit
+            continue
+    run(configs[-1])  # the smallest: its OutOfResources goes to the caller
+    return configs[-1]
+
+
+def launch(q, k, v, settings: AttentionSettings, *, target=None):
+    """启动前向核函数（输入已检查过）。返回 (out (B,H,L,Dv), lse (B,H,L) float32)。
+
+    Args:
+        q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv) with H_kv dividing H (GQA:
+            query head h reads key/value head h // (H // H_kv) in place).
+        settings: the band, the base-2 scale factors, the key mask and the block sizes.
+        target: ``(interpret, capability)`` to launch for; default this process's Triton mode and
+            q's GPU (``bench/gpu.py --compile-only`` passes the GPU it compiles for).
+    """
+    (B, H, L, D), (H_kv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
+    tgt = launch_target(q, target)
+    configs = candidate_configs(D, Dv, q.dtype, tgt["interpret"], block_m=settings.block_m, block_n=settings.block_n,
+                                capability=tgt["capability"])
+    out = torch.empty(B, H, L, Dv, dtype=q.dtype, device=q.device)  # (B,H,L,Dv)
+    lse = torch.empty(B, H, L, dtype=torch.float32, device=q.device)  # (B,H,L)
+    if B * H * L == 0:
+        return out, lse
+    kpm, kpm_strides = key_mask_args(settings.key_mask, q)
+    int64 = needs_int64(spans(q, k, v, out) + [(S, kpm_strides[1], 1, 0)])
+    sc, bands = scale_args(settings.qk_scale), band_args(settings.band, L, S)
+
+    def run(cfg):
+        for start, count in grid_chunks(B * H):
+            attn_fwd[grid(L, count, cfg)](
+                q, k, v, kpm, out, lse,  #
+                *q.stride(), *k.stride(), *v.stride(), *out.stride(), *kpm_strides,  #
+                H, H // H_kv, L, S, sc["qk_scale"], bands["band_lo"], bands["band_hi"], start,  #
+                D=D, DV=Dv, HAS_LO=bands["HAS_LO"], HAS_HI=bands["HAS_HI"], HAS_KPM=settings.key_mask is not None,  #
+                DOT_FP32=tgt["dot_fp32"], INPUT_PRECISION=tgt["input_precision"], INT64=int64,  #
+                SPLIT_SCALE=sc["SPLIT_SCALE"], **block_args(cfg))
+
+    run_first_fitting(configs, run)
+    return out, lse
+
+
+__all__ = ["attn_fwd", "attn_fwd_inner", "grid", "launch", "run_first_fitting"]
