@@ -30,7 +30,7 @@ from __future__ import annotations
 from .shapes import check_mask_shape, check_qkv_shapes, check_rank, check_same_device, check_same_dtype
 from .tensors import (all_finite, check_all_finite, check_attention_arrays, check_attention_inputs, check_float_array,
                       check_float_tensor, check_mask, check_on_q_device, check_row_max, check_score_row,
-                      check_scores_finite, check_tensor)
+                      check_scores_finite, check_softmax_array, check_softmax_input, check_tensor)
 from .values import (check_align, check_bool, check_choice, check_counts, check_dim, check_divisible, check_int,
                      check_last_dim, check_positive_int, check_scale, check_window_size)
 
@@ -40,5 +40,5 @@ __all__ = [
     "check_mask_shape", "check_qkv_shapes", "check_rank", "check_same_device", "check_same_dtype",
     "all_finite", "check_all_finite", "check_attention_arrays", "check_attention_inputs", "check_float_array",
     "check_float_tensor", "check_mask", "check_on_q_device", "check_row_max", "check_score_row",
-    "check_scores_finite", "check_tensor",
+    "check_scores_finite", "check_softmax_array", "check_softmax_input", "check_tensor",
 ]

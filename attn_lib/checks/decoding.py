@@ -14,6 +14,8 @@ for a wrong type, ValueError for a wrong value):
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..rules.names import FLASH_BACKENDS
@@ -76,6 +78,13 @@ def check_num_splits(num_splits):
     return num_splits or None
 
 
+def check_split_rule(batch_heads, S, workers, block_n, min_blocks) -> tuple:
+    """choose_num_splits 的参数：batch_heads、S >= 0，workers（None：torch 的线程数）、block_n、min_blocks >= 1；返回这五个 int。"""
+    workers = torch.get_num_threads() if workers is None else check_positive_int("workers", workers)
+    return (check_int("batch_heads", batch_heads, 0), check_int("S", S, 0), workers,
+            check_positive_int("block_n", block_n), check_positive_int("min_blocks", min_blocks))
+
+
 def check_split_bounds(S, num_splits, block_n) -> tuple[int, int, int]:
     """split_bounds 的参数：S >= 0，num_splits >= 1，block_n >= 1；返回这三个 int。"""
     return check_int("S", S, 0), check_positive_int("num_splits", num_splits), check_positive_int("block_n", block_n)
@@ -134,8 +143,7 @@ def check_decode_call(q, caches, new, options: Options, triton_mode) -> DecodeSe
     backend = check_choice("backend", options.backend, FLASH_BACKENDS)
     if backend == "auto":
         backend = "triton" if isinstance(q, torch.Tensor) and q.is_cuda and triton_available() else "torch"
-    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, *caches, None, options.scale, check_finite=False,
-                                                        enable_gqa=options.enable_gqa)
+    (B, H, L, S, D, Dv), scale = check_attention_inputs(q, *caches, None, dataclasses.replace(options, check_finite=False))
     S_new = _check_new_keys(*new, caches, options.cache_seqlens)
     seqlens = check_cache_seqlens(options.cache_seqlens, B, S - S_new, q.device)
     check_decode_queries(L, S)
@@ -175,4 +183,4 @@ def check_partials(outs, lses) -> None:
 
 
 __all__ = ["check_decode_call", "check_decode_queries", "check_cache_seqlens", "check_num_splits", "check_partials",
-           "check_split_bounds", "INT_DTYPES"]
+           "check_split_bounds", "check_split_rule", "INT_DTYPES"]

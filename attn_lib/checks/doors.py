@@ -43,14 +43,13 @@ def _settings(q, dims, scale, band, options: Options, **fields) -> AttentionSett
 
 def check_attention_call(q, k, v, mask, options: Options) -> AttentionSettings:
     """attention（参考实现）的门：q、k、v、mask、scale、is_causal、window_size、align、enable_gqa、check_finite。"""
-    dims, scale = check_attention_inputs(q, k, v, mask, options.scale, check_finite=options.check_finite,
-                                         refuse_3d_mask=True, enable_gqa=options.enable_gqa)
+    dims, scale = check_attention_inputs(q, k, v, mask, options, refuse_3d_mask=True)
     return _settings(q, dims, scale, resolve_band(options, dims[2], dims[3]), options, backend="reference")
 
 
 def check_naive_call(q, k, v, options: Options) -> AttentionSettings:
     """naive_attention 的门：q、k、v（不分组）、scale、is_causal、align、key_mask（没有窗口）。"""
-    dims, scale = check_attention_inputs(q, k, v, None, options.scale, gqa_keyword=False)
+    dims, scale = check_attention_inputs(q, k, v, None, options, gqa_keyword=False)
     B, _, L, S, _, _ = dims
     band = resolve_band(options, L, S, window=False)
     check_key_mask(options.key_mask, B, S, q.device)
@@ -59,8 +58,7 @@ def check_naive_call(q, k, v, options: Options) -> AttentionSettings:
 
 def _checked_fast(q, k, v, options: Options, backend: str, triton_mode):
     """The checks the tiled and the Triton paths share; returns (dims, settings)."""
-    dims, scale = check_attention_inputs(q, k, v, None, options.scale, check_finite=options.check_finite,
-                                         enable_gqa=options.enable_gqa)
+    dims, scale = check_attention_inputs(q, k, v, None, options)
     B, _, L, S, D, Dv = dims
     if backend == "triton":
         check_triton(q.dtype, q.device, (D, Dv), triton_mode)

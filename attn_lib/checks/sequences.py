@@ -54,8 +54,11 @@ def check_rotary_args(x, positions, base) -> tuple[torch.Tensor | None, float]:
     return (None if positions is None else _positions(positions, B, L, x.device)), base
 
 
+MAX_POSITION = 2**53  # float64 holds every integer up to here exactly: the angle p·θ_i is computed from it
+
+
 def _positions(positions, B: int, L: int, device) -> torch.Tensor:
-    """positions -> int64 tensor (L,) or (B, L) on ``device``."""
+    """positions -> int64 tensor (L,) or (B, L) on ``device``, each |p| <= 2**53."""
     if isinstance(positions, torch.Tensor):
         if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
             raise TypeError(
@@ -63,6 +66,7 @@ def _positions(positions, B: int, L: int, device) -> torch.Tensor:
                 "use torch.arange(L) or positions.long()"
             )
         pos = positions.to(device=device, dtype=torch.int64)
+        biggest = int(pos.abs().max()) if pos.numel() else 0
     else:
         if isinstance(positions, (str, bytes, bytearray, numbers.Number)) or not hasattr(positions, "__iter__"):
             raise TypeError(f"positions must be a 1-D sequence of L ints or an int tensor, got {positions!r}")
@@ -70,7 +74,12 @@ def _positions(positions, B: int, L: int, device) -> torch.Tensor:
         for p in values:
             if isinstance(p, bool) or not isinstance(p, numbers.Integral):
                 raise TypeError(f"positions must contain ints, got {p!r}")
-        pos = torch.tensor(values, dtype=torch.int64, device=device).reshape(-1)  # (L,)
+        biggest = max((abs(int(p)) for p in values), default=0)
+        if biggest <= MAX_POSITION:
+            pos = torch.tensor([int(p) for p in values], dtype=torch.int64, device=device).reshape(-1)  # (L,)
+    if biggest > MAX_POSITION:
+        raise ValueError(f"positions must lie in -2**53 .. 2**53 (float64 represents the angle p·θ exactly only "
+                         f"there), got a position of magnitude {biggest}; number the tokens from 0")
     if pos.shape not in ((L,), (B, L)):
         raise ValueError(
             f"positions must have shape (L,) = ({L},) or (B, L) = ({B}, {L}), one position per token, "

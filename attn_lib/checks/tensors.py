@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .shapes import check_mask_shape, check_qkv_shapes, check_same_device, check_same_dtype
-from .values import check_bool, check_scale
+from .values import check_bool, check_dim, check_scale
 
 _FLOAT_NAMES = "float16/bfloat16/float32/float64"
 
@@ -106,6 +106,21 @@ def check_score_row(x: Any) -> None:
         check_scores_finite(x)
 
 
+def check_softmax_input(x: Any, dim: Any, *, twin: str = "softmax") -> int:
+    """softmax 的门：x 是浮点 torch 张量，dim 是它的一个轴；返回非负的轴号（nan / +inf 在算完之后才查，只查有问题的行）。"""
+    check_float_tensor("x", x, twin=twin)
+    return check_dim(x, dim)
+
+
+def check_softmax_array(x: Any, dim: Any) -> int:
+    """numpy 版 softmax 的门：x 是浮点 numpy 数组，dim 是它的一个轴，只许 -inf；返回非负的轴号。"""
+    check_float_array("x", x)
+    dim = check_dim(x, dim)
+    if x.size:
+        check_scores_finite(x)
+    return dim
+
+
 def check_row_max(x: Any, m: Any) -> None:
     """用每行的最大值 m 检查整行：m 是 nan 或 +inf，说明这一行里有 nan 或 +inf，报 ValueError（一次同步）。"""
     import torch
@@ -148,20 +163,18 @@ def check_mask(mask: Any, target: tuple, device, *, check_finite: bool, name: st
         raise ValueError(f"an additive float {name} may contain -inf (hidden) but not nan or +inf")
 
 
-def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True, refuse_3d_mask=False,
-                           enable_gqa=False, gqa_keyword: bool = True):
-    """检查 attention 的全部输入，返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
+def check_attention_inputs(q, k, v, mask, options, *, refuse_3d_mask: bool = False, gqa_keyword: bool = True):
+    """检查 attention 的全部输入（q、k、v、mask，以及 options 里的 scale、check_finite、enable_gqa），返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
 
     Args:
         q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv) float tensors of one dtype and device
-            (H_kv = H unless ``enable_gqa``).
+            (H_kv = H unless ``options.enable_gqa``).
         mask: None, or a bool / float tensor broadcastable to (B, H, L, S).
-        scale: None or a positive finite number.
-        check_finite: also scan q, k, v (and a float mask) for nan / inf. This is the only
-            part that reads the data (on CUDA: a host sync); pass False when the caller has
-            already checked, or knowingly skips it.
+        options: an ``attn_lib.rules.settings.Options`` whose ``scale`` (None or a positive
+            finite number), ``check_finite`` and ``enable_gqa`` are read. ``check_finite`` also
+            scans q, k, v (and a float mask) for nan / inf: the only part that reads the data (on
+            CUDA: a host sync); False when the caller knowingly skips it.
         refuse_3d_mask: refuse a 3-D mask (ambiguous: (B, L, S) or (H, L, S)).
-        enable_gqa: let k, v have H_kv heads dividing H (see ``check_qkv_shapes``); True or False.
         gqa_keyword: False when the caller has no ``enable_gqa`` keyword (``enable_gqa`` is then
             not read).
 
@@ -172,23 +185,24 @@ def check_attention_inputs(q, k, v, mask=None, scale=None, *, check_finite=True,
         check_float_tensor(name, t, twin="attention")
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
     check_same_device(("q", "k", "v"), (q, k, v))
-    gqa = check_bool("enable_gqa", enable_gqa) if gqa_keyword else False
+    gqa = check_bool("enable_gqa", options.enable_gqa) if gqa_keyword else False
     dims = check_qkv_shapes(q, k, v, enable_gqa=gqa, gqa_keyword=gqa_keyword)
     B, H, L, S, _, _ = dims
-    if check_bool("check_finite", check_finite):
+    if check_bool("check_finite", options.check_finite):
         for name, t in (("q", q), ("k", k), ("v", v)):
             check_all_finite(name, t)
     if mask is not None:
         if refuse_3d_mask:
             _check_mask_rank(mask, "mask")
-        check_mask(mask, (B, H, L, S), q.device, check_finite=check_finite)
-    return dims, check_scale(scale)
+        check_mask(mask, (B, H, L, S), q.device, check_finite=options.check_finite)
+    return dims, check_scale(options.scale)
 
 
-def check_attention_arrays(q, k, v, mask=None, scale=None):
-    """numpy 版 check_attention_inputs：同样的检查、同样的报错；返回（(B, H, L, S, D, Dv), scale, mask 数组或 None）。"""
+def check_attention_arrays(q, k, v, mask=None, scale=None, is_causal=False):
+    """numpy 版 attention 的门：与 check_attention_inputs 同样的检查、同样的报错，再加 is_causal；返回（(B, H, L, S, D, Dv), scale, mask 数组或 None）。"""
     import numpy as np
 
+    check_bool("is_causal", is_causal)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_array(name, t)
     check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..rules.numerics import overflow_error, resolve_scale, work_dtype
-from ..checks import check_attention_arrays, check_bool, check_dim, check_float_array, check_int, check_scores_finite
+from ..checks import check_attention_arrays, check_float_array, check_int, check_softmax_array
 
 
 def naive_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -37,10 +37,7 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
     Returns:
         Array of ``x``'s shape and dtype (float16 is computed in float32).
     """
-    check_float_array("x", x)
-    dim = check_dim(x, dim)
-    if x.size:
-        check_scores_finite(x)
+    dim = check_softmax_array(x, dim)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
@@ -85,8 +82,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
         ValueError: "attention scores overflowed to +inf ..." when ``scale·q·k`` exceeds the
             working dtype's range, as on every torch path.
     """
-    (B, H, L, S, D, Dv), scale, mask = check_attention_arrays(q, k, v, mask, scale)
-    check_bool("is_causal", is_causal)
+    (B, H, L, S, D, Dv), scale, mask = check_attention_arrays(q, k, v, mask, scale, is_causal)
     work = work_dtype(q.dtype)  # float16 -> float32
     qw, kw, vw = q.astype(work), k.astype(work), v.astype(work)
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is detected below, once

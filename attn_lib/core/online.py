@@ -19,13 +19,12 @@ entry gives zeros (and log-sum-exp ``-inf``); ``nan`` / ``+inf`` are rejected.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import torch
 
 from ..rules.numerics import work_dtype
-from ..checks import check_float_tensor, check_positive_int, check_score_row, check_scores_finite
+from ..checks.online import check_online_row, check_online_update, check_online_values, check_splits
 
 
 def split_row(n: int, splits: int | Sequence[int]) -> list[tuple[int, int]]:
@@ -39,12 +38,10 @@ def split_row(n: int, splits: int | Sequence[int]) -> list[tuple[int, int]]:
     Returns:
         List of ``(start, stop)`` pairs covering ``0..n`` in order.
     """
-    if isinstance(splits, (numbers.Number, str, bytes)) or not hasattr(splits, "__iter__"):
-        size = check_positive_int("splits", splits)  # an int (numpy ints too); anything else: TypeError
-        return [(s, min(s + size, n)) for s in range(0, n, size)]
-    lengths = [check_positive_int(f"splits[{i}]", p) for i, p in enumerate(splits)]
-    if sum(lengths) != n:
-        raise ValueError(f"piece lengths {list(lengths)} sum to {sum(lengths)}, but the row has {n} entries")
+    return _bounds(check_splits(n, splits))
+
+
+def _bounds(lengths) -> list[tuple[int, int]]:
     bounds, start = [], 0
     for p in lengths:
         bounds.append((start, start + p))
@@ -68,14 +65,7 @@ def online_softmax_update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor)
     Returns:
         ``(m_new, l_new)``, each of shape (...,).
     """
-    for name, t in (("m", m), ("l", l), ("piece", piece)):
-        check_float_tensor(name, t)
-    if m.shape != l.shape or piece.ndim == 0 or tuple(piece.shape[:-1]) != tuple(m.shape):
-        raise ValueError(
-            f"piece must have shape (..., P) with ... = m's shape; got piece {tuple(piece.shape)}, "
-            f"m {tuple(m.shape)}, l {tuple(l.shape)} (m and l must have the same shape)"
-        )
-    check_scores_finite(piece, "piece")
+    check_online_update(m, l, piece)
     return _update(m, l, piece)
 
 
@@ -105,9 +95,12 @@ def online_max_and_sum(x: torch.Tensor, splits: int | Sequence[int]):
     Returns:
         ``(m, l)``, each of shape (...,), in float32 for float16/bfloat16 input.
     """
-    check_score_row(x)
+    return _max_and_sum(x, _bounds(check_online_row(x, splits)))
+
+
+def _max_and_sum(x: torch.Tensor, bounds):
     work, m, l = _start(x)
-    for a, b in split_row(x.shape[-1], splits):
+    for a, b in bounds:
         m, l = _update(m, l, work[..., a:b])  # (...,b-a) -> (...,)
     return m, l
 
@@ -122,7 +115,7 @@ def online_softmax(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor
     Returns:
         Proportions of ``x``'s shape and dtype (rows with no finite entry are all 0).
     """
-    m, l = online_max_and_sum(x, splits)  # (...,), (...,)
+    m, l = _max_and_sum(x, _bounds(check_online_row(x, splits)))  # (...,), (...,)
     work = x.to(work_dtype(x.dtype))  # float16 / bfloat16 -> float32
     p = torch.exp(work - _safe(m)[..., None])  # (...,S)
     return (p / torch.where(l > 0, l, torch.ones_like(l))[..., None]).to(x.dtype)  # (...,S)
@@ -138,7 +131,7 @@ def online_logsumexp(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tens
     Returns:
         Shape (...,).
     """
-    m, l = online_max_and_sum(x, splits)
+    m, l = _max_and_sum(x, _bounds(check_online_row(x, splits)))
     return m + torch.log(l)  # (...,); l = 0 -> -inf
 
 
@@ -156,23 +149,11 @@ def online_weighted_sum(x: torch.Tensor, v: torch.Tensor, splits: int | Sequence
     Returns:
         Shape (..., Dv): ``softmax(x) @ v`` (zeros for rows with no finite score).
     """
-    check_score_row(x)
-    check_float_tensor("v", v)
-    if v.ndim < 2 or v.shape[-2] != x.shape[-1]:
-        raise ValueError(f"v must have shape (..., S, Dv) with S = {x.shape[-1]} (x's last axis), got {tuple(v.shape)}")
-    try:
-        torch.broadcast_shapes(x.shape[:-1], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"v's leading axes {tuple(v.shape[:-2])} do not broadcast with x's {tuple(x.shape[:-1])} "
-            f"(x {tuple(x.shape)} is (..., S), v {tuple(v.shape)} is (..., S, Dv))"
-        ) from None
-    if v.numel() and not torch.isfinite(v).all():
-        raise ValueError("v contains nan or inf; the weighted sum would be nan. Check what produced it.")
+    bounds = _bounds(check_online_values(x, v, splits))
     work, m, l = _start(x)
     vw = v.to(work.dtype)
     acc = torch.zeros(*work.shape[:-1], v.shape[-1], dtype=work.dtype, device=x.device)  # (...,Dv)
-    for a, b in split_row(x.shape[-1], splits):
+    for a, b in bounds:
         piece = work[..., a:b]  # (...,P)
         m_new = torch.maximum(m, piece.amax(-1))  # (...,)
         shift = _safe(m_new)  # (...,)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..rules.numerics import work_dtype
-from ..checks import check_dim, check_float_tensor, check_row_max
+from ..checks import check_float_tensor, check_row_max, check_softmax_input
 
 
 def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -57,8 +57,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         Tensor of ``x``'s shape and dtype; along ``dim`` the entries are >= 0 and sum to 1,
         or are all 0 where every input was ``-inf``.
     """
-    check_float_tensor("x", x, twin="softmax")
-    dim = check_dim(x, dim)
+    dim = check_softmax_input(x, dim)
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
         return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:

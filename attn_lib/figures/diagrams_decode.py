@@ -38,25 +38,25 @@ def draw_split_kv(num_splits: int = 3):
         ax.set_axis_off()
         ax.set_xlim(0, 11)
         ax.set_ylim(-0.2, 6.4)
-        _box(ax, 0.1, 4.45, 1.3, 0.9, "查询 q\n（1 行）", color="#F2F2F2", fontsize=10)
+        _box(ax, (0.1, 4.45, 1.3, 0.9), "查询 q\n（1 行）", color="#F2F2F2", fontsize=10)
         x0, width = 2.0, 8.8
         seg = width / P
         for p in range(P):  # the cache, cut into P contiguous chunks of keys
             color = SPLIT_COLORS[p]
             x = x0 + p * seg
-            _box(ax, x, 5.0, seg, 0.55, f"K 第 {p + 1} 段", color=color, fontsize=9, text_color="white")
-            _box(ax, x, 4.4, seg, 0.55, f"V 第 {p + 1} 段", color=color, fontsize=9, text_color="white")
+            _box(ax, (x, 5.0, seg, 0.55), f"K 第 {p + 1} 段", color=color, fontsize=9, text_color="white")
+            _box(ax, (x, 4.4, seg, 0.55), f"V 第 {p + 1} 段", color=color, fontsize=9, text_color="white")
             cx = x + seg / 2
-            _arrow(ax, cx, 4.35, cx, 3.35)
-            _box(ax, x + 0.12, 2.35, seg - 0.24, 0.95, f"o{p + 1}，lse{p + 1}", color=color, fontsize=10,
+            _arrow(ax, (cx, 4.35), (cx, 3.35))
+            _box(ax, (x + 0.12, 2.35, seg - 0.24, 0.95), f"o{p + 1}，lse{p + 1}", color=color, fontsize=10,
                  text_color="white")
-            _arrow(ax, cx, 2.3, 6.4, 1.55, color="grey")
-        _arrow(ax, 1.45, 4.9, 1.95, 4.9)
+            _arrow(ax, (cx, 2.3), (6.4, 1.55), color="grey")
+        _arrow(ax, (1.45, 4.9), (1.95, 4.9))
         ax.text(x0 + width / 2, 5.75, f"KV 缓存：S 个键和值，切成 {P} 段（每段一个程序实例，同时算）",
                 ha="center", va="bottom", fontsize=10)
         ax.text(0.75, 3.0, "每段各做一遍\nSoftmax：\n段内归一化\n的输出 o 和\n它的 lse", ha="center",
                 va="center", fontsize=9)
-        _box(ax, 3.2, 0.55, 6.4, 0.95, "合并：m = max lse_p，w_p = exp(lse_p − m)\n"
+        _box(ax, (3.2, 0.55, 6.4, 0.95), "合并：m = max lse_p，w_p = exp(lse_p − m)\n"
              "out = Σ w_p·o_p ÷ Σ w_p，lse = m + log Σ w_p", color="#FFF3D6", fontsize=9)
         ax.text(1.6, 1.02, "与一遍读完\n整个缓存的\n结果相同", ha="center", va="center", fontsize=9)
         fig.tight_layout()
@@ -94,7 +94,7 @@ def draw_busy_units(num_units: int, busy: tuple, labels: tuple, *, per_row: int 
             ax.set_ylim(-lines - 0.1, 0.1)
             used = min(n, num_units)
             for u in range(num_units):
-                _box(ax, u % per_row + 0.08, -(u // per_row) - 0.92, 0.84, 0.84,
+                _box(ax, (u % per_row + 0.08, -(u // per_row) - 0.92, 0.84, 0.84),
                      color=SPLIT_COLORS[0] if u < used else IDLE_COLOR, lw=0.5)
             ax.set_title(f"{label}：{n} 个程序实例，{used} / {num_units} 个计算单元有活", fontsize=10)
         fig.tight_layout()

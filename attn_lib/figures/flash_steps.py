@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .plotting import MAX_WIDTH_IN, _in_book_style
+from .plotting import MAX_WIDTH_IN, in_book_style
 
 
 def _check_step(i, j, n, write_out) -> None:
@@ -90,7 +90,7 @@ def draw_flash_step(ax, i: int, j: int, *, n: int = 4, write_out: bool = False):
     return ax
 
 
-@_in_book_style
+@in_book_style
 def show_flash_steps(steps: Sequence[tuple[int, int, bool]], *, n: int = 4, suptitle: str | None = None):
     """把 FlashAttention 分块计算的几步上下排成一张图（第 08 章），每步一格，图宽 7 英寸。
 

@@ -62,7 +62,7 @@ def _label_font(ax) -> None:
         ax.tick_params(labelfontfamily=family)
 
 
-def _in_book_style(fn):
+def in_book_style(fn):
     """Run a plotting function inside ``book_style()`` (no global setting changes)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -112,7 +112,7 @@ def _annotate(ax, m: np.ndarray, im, cmap_obj, fmt: str) -> None:
                     color="white" if dark else "black", fontsize=9)
 
 
-@_in_book_style
+@in_book_style
 def show_heatmap(
     matrix: Any,
     *,
@@ -172,7 +172,7 @@ def show_heatmap(
     return ax
 
 
-@_in_book_style
+@in_book_style
 def show_heatmaps(
     matrices: Any,
     *,
@@ -223,7 +223,7 @@ def show_heatmaps(
     return fig
 
 
-@_in_book_style
+@in_book_style
 def bar_scores(
     values: Any,
     labels: Sequence[str],
@@ -265,11 +265,3 @@ def bar_scores(
                     ha="center", va="bottom", fontsize=9)
     return ax
 
-
-def __getattr__(name: str):
-    """Chapter 08's FlashAttention step figures live in ``attn_lib.figures.flash_steps``; re-exported here."""
-    if name in ("draw_flash_step", "show_flash_steps"):
-        from . import flash_steps as plotting_flash
-
-        return getattr(plotting_flash, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_int
-from ..checks.decoding import check_partials, check_split_bounds
+from ..checks.decoding import check_partials, check_split_bounds, check_split_rule
 from ..rules.numerics import work_dtype
 
 DECODE_BLOCK_N = 128  # keys per block: a split is a run of whole blocks
@@ -59,9 +58,7 @@ def choose_num_splits(batch_heads: int, S: int, *, workers: int | None = None, b
     Returns:
         The number of splits, 1 .. max(n_blocks, 1).
     """
-    batch_heads, S = check_int("batch_heads", batch_heads, 0), check_int("S", S, 0)
-    workers = torch.get_num_threads() if workers is None else check_int("workers", workers)
-    return num_splits_for(batch_heads, S, workers, check_int("block_n", block_n), check_int("min_blocks", min_blocks))
+    return num_splits_for(*check_split_rule(batch_heads, S, workers, block_n, min_blocks))
 
 
 def num_splits_for(batch_heads: int, S: int, workers: int, block_n: int = DECODE_BLOCK_N,

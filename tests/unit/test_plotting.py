@@ -51,7 +51,7 @@ def _all_plots():
                                col_labels=["书", "打翻"], title="注意力分数")
     fig = plotting.show_heatmaps(torch.rand(2, 3, 3), titles=["头 1", "头 2"], row_labels=["桌", "上", "水"])
     bar = plotting.bar_scores([0.61, 0.06, 0.33], ["水", "书", "打翻"], title="比例")
-    steps = plotting.show_flash_steps([(0, 0, False), (0, 3, True)], suptitle="分块")
+    steps = flash_steps.show_flash_steps([(0, 0, False), (0, 3, True)], suptitle="分块")
     return ax, fig, bar, steps
 
 
@@ -94,7 +94,7 @@ def test_figures_fit_the_column():
     assert fig.get_size_inches()[0] <= plotting.MAX_WIDTH_IN
     ax = plotting.bar_scores(list(range(12)), [f"键{i}" for i in range(12)])
     assert ax.figure.get_size_inches()[0] <= plotting.MAX_WIDTH_IN
-    steps = plotting.show_flash_steps([(0, 0, False), (1, 2, False), (1, 3, True)])
+    steps = flash_steps.show_flash_steps([(0, 0, False), (1, 2, False), (1, 3, True)])
     assert len(steps.axes) == 3 and steps.get_size_inches()[0] <= plotting.MAX_WIDTH_IN
     plt.close("all")
 

@@ -17,7 +17,6 @@ import torch
 
 from ... import device
 from ...checks.doors import check_triton_backward_call, check_triton_call
-from ...checks.flash import check_triton_installed
 from ...rules.names import NO_WINDOW
 from ...rules.numerics import autocast_off, dot_fp32, dot_input_precision
 from ...rules.settings import AttentionSettings, Options, raise_if_overflowed
@@ -33,10 +32,9 @@ def load_kernels(name: str = "forward"):
     interpreted kernels that run on CPU tensors.
 
     Raises:
-        ImportError: triton is not installed.
+        ImportError: triton is not installed (the doors say so before anything runs).
         RuntimeError: Triton was already imported in compiled mode on a machine without a GPU.
     """
-    check_triton_installed()
     device.triton_interprets()
     return importlib.import_module(f"{__package__}.{name}")
 
