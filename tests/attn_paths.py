@@ -185,16 +185,16 @@ def _numpy_reference(q, k, v, mask, causal, scale):
 
 
 def _tiled(q, k, v, mask, causal, scale, **blocks):
-    return flash_attention_torch(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+    return flash_attention_torch(q, k, v, is_causal=causal, scale=scale, key_mask=mask, **blocks)
 
 
 def _auto(q, k, v, mask, causal, scale):
-    return attn_lib.flash_attention(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask)
+    return attn_lib.flash_attention(q, k, v, is_causal=causal, scale=scale, key_mask=mask)
 
 
 def _triton(q, k, v, mask, causal, scale, **blocks):
     # On CPU tensors attn_lib.flash.autograd runs the kernel under Triton's interpreter.
-    return attn_lib.flash_attention_triton(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+    return attn_lib.flash_attention_triton(q, k, v, is_causal=causal, scale=scale, key_mask=mask, **blocks)
 
 
 def _decoding(q, k, v, mask, causal, scale):

@@ -42,7 +42,7 @@ from ...rules.numerics import LN2, base2_factor
 from ...rules.settings import DecodeSettings
 from .configs import INT32_LIMIT, decode_configs, grid_chunks, next_pow2, scale_args
 from .entry import launch_target
-from .forward import attn_fwd_inner, run_first_fitting
+from .forward import _stage_bounds, attn_fwd_inner, run_first_fitting
 
 _LN2 = tl.constexpr(LN2)
 MERGE_BLOCK_P = 16  # splits the merge kernel reads at once
@@ -50,15 +50,15 @@ MERGE_BLOCK_P = 16  # splits the merge kernel reads at once
 
 @triton.jit
 def decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
-                  stride_qb, stride_qh, stride_qm, stride_qd,  #
-                  stride_kb, stride_kh, stride_kn, stride_kd,  #
-                  stride_vb, stride_vh, stride_vn, stride_vd,  #
-                  stride_ob, stride_oh, stride_om, stride_op, stride_od,  #
-                  stride_lb, stride_lh, stride_lm, stride_lp,  #
-                  H_kv, G, L, keys_per_split, qk_scale, HZ_START,  #
-                  D: tl.constexpr, DV: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
-                  INT64: tl.constexpr, SPLIT_SCALE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,  #
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                 stride_qb, stride_qh, stride_qm, stride_qd,  #
+                 stride_kb, stride_kh, stride_kn, stride_kd,  #
+                 stride_vb, stride_vh, stride_vn, stride_vd,  #
+                 stride_ob, stride_oh, stride_om, stride_op, stride_od,  #
+                 stride_lb, stride_lh, stride_lm, stride_lp,  #
+                 H_kv, G, L, keys_per_split, qk_scale, HZ_START,  #
+                 D: tl.constexpr, DV: tl.constexpr, DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr,  #
+                 INT64: tl.constexpr, SPLIT_SCALE: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,  #
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     split = tl.program_id(0)
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)  # one key/value head of one batch entry
     off_b = off_hz // H_kv
@@ -86,16 +86,13 @@ def decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
     seen_by_all = tl.maximum(n_b - L + 1, 0) if IS_CAUSAL else n_b  # keys < this are seen by every query row
     full = tl.minimum(tl.maximum((seen_by_all // BLOCK_N) * BLOCK_N, lo), hi)
     k_base, v_base = K + off_b * stride_kb + off_hkv * stride_kh, V + off_b * stride_vb + off_hkv * stride_vh
-    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
-                                   stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
-                                   offs_i, offs_n, offs_d, offs_dv, lo, full, n_b, qk_scale, 0, n_b - L,  #
-                                   D, DV, False, False, IS_CAUSAL, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                   BLOCK_N)
-    acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
-                                   stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
-                                   offs_i, offs_n, offs_d, offs_dv, full, hi, n_b, qk_scale, 0, n_b - L,  #
-                                   D, DV, True, False, IS_CAUSAL, False, DOT_FP32, INPUT_PRECISION, SPLIT_SCALE,
-                                   BLOCK_N)
+    for stage in tl.static_range(2):  # whole blocks every row sees (no masking), then the masked rest
+        start, stop = _stage_bounds(stage + 1, lo, lo, full, hi)
+        acc, l_i, m_i = attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, Seqlens,  #
+                                       stride_kn, stride_kd, stride_vn, stride_vd, 0,  #
+                                       offs_i, offs_n, offs_d, offs_dv, start, stop, n_b, qk_scale, 0, n_b - L,  #
+                                       D, DV, stage == 1, False, IS_CAUSAL, False, DOT_FP32, INPUT_PRECISION,
+                                       SPLIT_SCALE, BLOCK_N)
     # Normalise within the split. l_i == 0: no visible key (lse -inf, output 0), or every visible score
     # overflowed to -inf (lse and output NaN, as a +inf score gives, so the door's check sees it).
     empty = l_i == 0.0
@@ -114,7 +111,7 @@ def decode_split(Q, K, V, Seqlens, OPart, LsePart,  #
 
 @triton.jit
 def decode_merge(OPart, LsePart, Out, stride_or, stride_op, stride_od, stride_lr, stride_lp, stride_outr,  #
-                  stride_outd, P, DV: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr):
+                 stride_outd, P, DV: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_DV: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # one query row (b, h, i)
     offs_p = tl.arange(0, BLOCK_P)
     offs_dv = tl.arange(0, BLOCK_DV)
