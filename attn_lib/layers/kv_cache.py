@@ -156,6 +156,13 @@ class KVCache:
         self.keys, self.values, self.seen = state["keys"], state["values"], state["seen"]
         self._owner = None
 
+    def __deepcopy__(self, memo):
+        copy = KVCache()
+        if self.keys is not None:
+            copy.keys, copy.values = self.keys.detach().clone(), self.values.detach().clone()
+        copy.seen = self.seen
+        return copy
+
     def attention_mask(self, mask, L: int, is_causal: bool):
         """新来的 L 个查询是缓存里最后 L 个位置：因果时用右下角对齐的掩码，并与 mask 合并。
 
