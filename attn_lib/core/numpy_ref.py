@@ -79,8 +79,8 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
         ``(output (B, H, L, Dv), scores (B, H, L, S))`` in the input dtype.
 
     Raises:
-        ValueError: "attention scores overflowed to +inf ..." when ``scale·q·k`` exceeds the
-            working dtype's range, as on every torch path.
+        ValueError: "attention scores overflowed to +inf ..." (or "-inf": every visible score of a
+            row fell to -inf) when ``scale·q·k`` exceeds the working dtype's range, as on every torch path.
     """
     (B, H, L, S, D, Dv), scale, mask = check_attention_arrays(q, k, v, mask, scale, is_causal)
     work = work_dtype(q.dtype)  # float16 -> float32
@@ -94,17 +94,19 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     if is_causal:
         visible = visible & causal_mask(L, S)  # (...,L,S)
     logits = np.where(visible, logits, -np.inf)  # (B,H,L,S), hidden -> -inf
-    if logits.size and _overflowed(raw, logits, visible):
-        raise overflow_error(logits.dtype)
+    to = _overflowed(raw, logits, visible) if logits.size else None
+    if to is not None:
+        raise overflow_error(logits.dtype, to)
     scores = softmax(logits, dim=-1)  # (B,H,L,S)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.astype(q.dtype), scores.astype(q.dtype)
 
 
-def _overflowed(raw, logits, visible) -> bool:
-    """溢出规则（同 torch 各路径）：行最大值是 nan / +inf，或看得见的分数溢出成了 ±inf。"""
+def _overflowed(raw, logits, visible):
+    """溢出规则（同 torch 各路径）：行最大值是 nan / +inf 返回 "+inf"；看得见键的行分数全溢出成 -inf 返回 "-inf"；否则 None。"""
     with np.errstate(invalid="ignore"):
-        m = logits.max(axis=-1)  # (B,H,L); nan propagates, -inf: the row sees no key
+        m = logits.max(axis=-1, keepdims=True)  # (B,H,L,1); nan propagates, -inf: the row sees no key
     if np.isnan(m).any() or np.isposinf(m).any():
-        return True
-    return bool(np.isneginf(m).any() and (np.isinf(raw) & np.broadcast_to(visible, raw.shape)).any())
+        return "+inf"
+    dead = np.isneginf(m)  # (B,H,L,1): the row sees no key, or its visible scores overflowed to -inf
+    return "-inf" if (dead & np.isinf(raw) & visible).any() else None  # (B,H,L,1) & (B,H,L,S) & broadcast

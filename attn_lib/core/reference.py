@@ -88,10 +88,10 @@ def _check_overflow(raw, logits, m, mask, band: Band, work) -> None:
     """A row max of +inf or nan overflowed upwards; a row max of -inf overflowed downwards if the row sees a key."""
     if not bool(torch.isfinite(m).logical_or(torch.isneginf(m)).all()):
         raise overflow_error(work, "+inf")  # +inf (or inf - inf = nan) in a row that sees a key
-    if bool(torch.isneginf(m).any()) and bool(torch.isinf(raw).any()):
-        # a row max of -inf: the row sees no key (fine) or its visible scores overflowed to -inf
+    dead = torch.isneginf(m)  # (B,H,L,1): the row sees no key, or its visible scores overflowed to -inf
+    if bool(dead.any()) and bool(torch.isinf(raw).any()):
         visible = torch.isfinite(masked_scores(torch.zeros_like(raw), mask, band))  # (B,H,L,S)
-        if bool((torch.isinf(raw) & visible).any()):
+        if bool((torch.isinf(raw) & visible & dead).any()):  # only in such a row: elsewhere -inf weighs 0
             raise overflow_error(work, "-inf")
 
 

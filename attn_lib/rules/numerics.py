@@ -43,9 +43,19 @@ def projection_dtype(dtype, device):
     import torch
 
     kind = torch.device(device).type
-    if dtype != torch.float64 and torch.is_autocast_enabled(kind):
+    if dtype != torch.float64 and _autocast_on(kind):
         return torch.get_autocast_dtype(kind)
     return dtype
+
+
+def _autocast_on(kind: str) -> bool:
+    """这个设备类型上 torch.autocast 是否开着（autocast 不认识的设备类型，如 meta，算没开）。"""
+    import torch
+
+    try:
+        return bool(torch.is_autocast_enabled(kind))
+    except RuntimeError:  # a device type autocast does not know (e.g. meta)
+        return False
 
 
 def autocast_off(device):
@@ -59,11 +69,7 @@ def autocast_off(device):
     import torch
 
     kind = torch.device(device).type
-    try:
-        on = torch.is_autocast_enabled(kind)
-    except RuntimeError:  # a device type autocast does not know (e.g. meta)
-        on = False
-    return torch.autocast(kind, enabled=False) if on else contextlib.nullcontext()
+    return torch.autocast(kind, enabled=False) if _autocast_on(kind) else contextlib.nullcontext()
 
 
 def resolve_scale(scale: float | None, D: int) -> float:
