@@ -78,7 +78,9 @@ def masked_scores(logits, mask, band: Band):
         if mask.dtype == torch.bool:
             logits = logits.masked_fill(~mask, float("-inf"))  # (B,H,L,S), hidden -> -inf
         else:
-            logits = logits + mask.to(logits.dtype)  # (B,H,L,S) + broadcast(mask) -> (B,H,L,S)
+            add = mask.to(logits.dtype)
+            # -inf hides a key whatever its score, as a bool mask does (+inf + -inf would be nan)
+            logits = (logits + add).masked_fill(torch.isneginf(add), float("-inf"))  # (B,H,L,S)
     if not band.full:
         logits = logits.masked_fill(~band.mask(L, S, device=logits.device), float("-inf"))  # (B,H,L,S)
     return logits

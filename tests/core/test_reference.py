@@ -425,3 +425,13 @@ def test_default_scale_is_one_over_sqrt_d():
     assert_close(attn_lib.attention(q, k, v)[0], attn_lib.attention(q, k, v, scale=1 / math.sqrt(7))[0],
                  dtype=torch.float64)
     assert_close(attn_lib.attention(q, k, v)[0], F.scaled_dot_product_attention(q, k, v), dtype=torch.float64)
+
+
+def test_an_additive_minus_inf_hides_a_key_whose_score_overflows_as_a_bool_mask_does():
+    """+inf + -inf would be nan: a key an additive -inf hides must not take part, however large its score."""
+    q = torch.full((1, 1, 1, 4), 1e19)  # (B,H,L,D): q·k of the first key overflows float32
+    k = torch.tensor([[[[1e19] * 4, [1.0] * 4]]])  # (B,H,S,D)
+    v = torch.tensor([[[[5.0] * 4, [2.0] * 4]]])  # (B,H,S,D)
+    additive, _ = attn_lib.attention(q, k, v, mask=torch.tensor([[float("-inf"), 0.0]]))
+    boolean, _ = attn_lib.attention(q, k, v, mask=torch.tensor([[False, True]]))
+    assert torch.equal(additive, boolean) and torch.equal(boolean, v[:, :, 1:])
