@@ -1,12 +1,22 @@
-"""Autograd audit: every exported public function that takes tensors either supports autograd
-(backward runs and its gradients match the float64 autograd of an independent formula) or
-refuses ``requires_grad`` inputs with a clear error naming what to use instead.
+"""Autograd audit: every exported callable is classified, and each class is checked against what really
+happens, so that a wrong classification fails:
 
-Every callable in ``attn_lib.__all__`` must appear in exactly one table below, so a new export
-has to be classified before the suite passes.
+- ``AUTOGRAD`` / ``LAYERS``: differentiable. A float64 input with requires_grad gives an output with a
+  ``grad_fn``, finite gradients, equal to the float64 autograd of an independent formula;
+- ``REFUSES_GRAD``: forward-only. An input that requires grad is refused with the shared error (which
+  names the differentiable entry to use instead); the same call under ``torch.no_grad()`` runs;
+- ``NOT_DIFFERENTIABLE``: the output is a bool / integer tensor or a Python value, or (``"detached"``, as
+  the docstring says) floating tensors without a graph although the inputs required grad; or the function
+  refuses a floating input outright (``"refuses float"``: its tensor argument is a bool mask or a size);
+- ``NO_TENSORS``: takes no tensor and returns no tensor.
+
+Every callable in ``attn_lib.__all__`` must appear in exactly one table, so a new export has to be
+classified before the suite passes.
 """
 from __future__ import annotations
 
+import importlib.util
+import re
 
 import pytest
 import torch
@@ -93,7 +103,25 @@ AUTOGRAD = {
                        lambda o, l: (torch.softmax(l, -1)[..., None] * o).sum(-2)),
     "soft_lookup": (lambda: (torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64, requires_grad=True), _r(3, 2)),
                     lambda w, v: attn_lib.soft_lookup(w, v), lambda w, v: w @ v),
+    "flash_attention": (lambda: (_r(1, 2, 5, 4), _r(1, 2, 7, 4, seed=1), _r(1, 2, 7, 3, seed=2)),
+                        lambda q, k, v: attn_lib.flash_attention(q, k, v, is_causal=True, backend="torch"),
+                        lambda q, k, v: _sdpa(q, k, v, causal=True)),
+    "naive_attention": (lambda: (_r(1, 2, 5, 4), _r(1, 2, 7, 4, seed=1), _r(1, 2, 7, 3, seed=2)),
+                        lambda q, k, v: attn_lib.naive_attention(q, k, v, is_causal=True),
+                        lambda q, k, v: _sdpa(q, k, v, causal=True)),
+    "KVCache": (lambda: (_r(1, 2, 3, 4), _r(1, 2, 3, 4, seed=1), _r(1, 2, 1, 4, seed=2), _r(1, 2, 1, 4, seed=3)),
+                lambda *kv: _appended(*kv), lambda k0, v0, k1, v1: torch.cat([torch.cat([k0, k1], 2),
+                                                                            torch.cat([v0, v1], 2)], -1)),
 }
+
+
+def _appended(k0, v0, k1, v1):
+    """Two appends to one cache: the keys and values it returns keep the graph to both steps' inputs."""
+    cache = attn_lib.KVCache()
+    cache.append(k0, v0)
+    keys, values = cache.append(k1, v1)  # (1,2,4,4) each
+    return torch.cat([keys, values], -1)  # (1,2,4,8)
+
 
 # Layers: (constructor, independent float64 recomputation from the layer's own weights)
 LAYERS = {
@@ -103,29 +131,66 @@ LAYERS = {
     "SelfAttention": (lambda causal: attn_lib.SelfAttention(8, 4, 3, bias=True, is_causal=causal), _self_reference),
 }
 
-# Functions that take tensors but have no differentiable output: what they return says so.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _qkv32(requires_grad: bool, D: int = 16):
+    gen = torch.Generator().manual_seed(5)
+    return tuple(torch.randn(1, 2, n, D, generator=gen).requires_grad_(requires_grad) for n in (3, 4, 4))
+
+
+# Forward-only entries: name -> call(q, k, v) (float32 (1, 2, L, 16), requiring grad or not).
+REFUSES_GRAD = {
+    "flash_attention_torch": lambda q, k, v: attn_lib.flash_attention_torch(q, k, v),
+    "flash_attention_triton": lambda q, k, v: attn_lib.flash_attention_triton(q, k, v),
+    "flash_decoding": lambda q, k, v: attn_lib.flash_decoding(q[:, :, :1], k, v),
+}
+REFUSAL = (r"^(\w+) (is forward-only|returns \(out, lse\) without a gradient), but q, k or v requires grad "
+           r"\(expected: no autograd here\); to train, (call|use) attn_lib\.flash_attention\(q, k, v, backend='(torch|triton)'\)")
+NEEDS_TRITON = {"flash_attention_triton", "flash_attention_triton_backward"}
+
+
+def _backward(fn):
+    """A gradient entry called on a forward's (out, lse) computed without a graph, with q, k, v requiring grad."""
+    def call(x):
+        q, k, v = _qkv32(True)  # D = 16: the Triton kernels' smallest tile
+        forward = attn_lib.flash_attention_torch if fn is attn_lib.flash_attention_torch_backward \
+            else attn_lib.flash_attention_triton
+        with torch.no_grad():
+            out, lse = forward(q, k, v)
+        return fn(q, k, v, out, lse, torch.ones_like(out) * x.detach().sum())
+    return call
+
+
+# Exports whose outputs carry no gradient: name -> (kind, call(x)); x is a float64 tensor (2,) with
+# requires_grad, for the calls that have a float argument to give it to.
 NOT_DIFFERENTIABLE = {
-    "causal_mask": "builds a bool mask from sizes",
-    "padding_mask": "builds a bool mask from integer lengths",
-    "sliding_window_mask": "builds a bool mask from sizes and a window",
-    "bool_to_additive": "input is a bool mask: no gradient can flow into it",
-    "additive_to_bool": "returns a bool tensor: nothing differentiable to drop",
-    "assert_close": "a test helper, returns None",
-    "count_parameters": "returns an int",
-    "sinusoidal_positions": "builds a table from sizes",
-    "generate": "returns integer token ids, under torch.no_grad (the model trains with tiny_lm.train_lm)",
+    "causal_mask": ("bool", lambda x: attn_lib.causal_mask(3)),
+    "sliding_window_mask": ("bool", lambda x: attn_lib.sliding_window_mask(3, 5, window_size=(1, 0))),
+    "padding_mask": ("bool", lambda x: attn_lib.padding_mask(torch.tensor([2, 1]))),
+    "additive_to_bool": ("bool", lambda x: attn_lib.additive_to_bool(x * 0 + torch.tensor([0.0, float("-inf")],
+                                                                                          dtype=x.dtype))),
+    "generate": ("integer", lambda x: attn_lib.generate(attn_lib.models.tiny_lm.build_lm(), torch.tensor([[1, 2]]), 2)),
+    "assert_close": ("python", lambda x: attn_lib.assert_close(x, x.detach())),
+    "count_parameters": ("python", lambda x: attn_lib.count_parameters(attn_lib.SelfAttention(2))),
+    "flash_attention_torch_backward": ("detached", _backward(attn_lib.flash_attention_torch_backward)),
+    "flash_attention_triton_backward": ("detached", _backward(attn_lib.flash_attention_triton_backward)),
+    "bool_to_additive": ("refuses float", lambda x: attn_lib.bool_to_additive(x)),
+    "sinusoidal_positions": ("refuses float", lambda x: attn_lib.sinusoidal_positions(x[0], 6)),
 }
 
-# Exported callables without tensor inputs.
-NO_TENSORS = {"hard_lookup", "cuda_available", "default_device", "try_gpu", "tolerance", "standard_attention_io",
-              "flash_attention_io", "tiled_attention_io", "IOCounter"}
-
-# Made differentiable by the FlashAttention backward and audited by its tests (tests/kernels/test_flash_backward.py,
-# tests/kernels/test_flash_triton_backward.py).
-OWNED_ELSEWHERE = {"flash_attention", "flash_attention_torch", "naive_attention", "flash_attention_triton",
-                   "flash_attention_torch_backward", "flash_attention_triton_backward",  # compute gradients
-                   "KVCache",  # a container for generation: tests/unit/test_positions_cache.py
-                   "flash_decoding"}  # forward only, refuses requires_grad: tests/kernels/test_flash_decoding.py
+# Exported callables that take no tensor and return none: name -> a call.
+NO_TENSORS = {
+    "hard_lookup": lambda: attn_lib.hard_lookup("apple", {"apple": 10, "pear": 3}),
+    "cuda_available": attn_lib.cuda_available,
+    "default_device": attn_lib.default_device,
+    "try_gpu": attn_lib.try_gpu,
+    "tolerance": lambda: attn_lib.tolerance("float32"),
+    "standard_attention_io": lambda: attn_lib.standard_attention_io(16, 4),
+    "flash_attention_io": lambda: attn_lib.flash_attention_io(16, 4, 64),
+    "tiled_attention_io": lambda: attn_lib.tiled_attention_io(16, 16, 4, 4, 4),
+    "IOCounter": attn_lib.IOCounter,
+}
 
 
 def _public_callables() -> set[str]:
@@ -133,11 +198,11 @@ def _public_callables() -> set[str]:
 
 
 def test_every_export_is_classified():
-    tables = [set(AUTOGRAD), set(LAYERS), set(NOT_DIFFERENTIABLE), NO_TENSORS, OWNED_ELSEWHERE]
+    tables = [set(AUTOGRAD), set(LAYERS), set(REFUSES_GRAD), set(NOT_DIFFERENTIABLE), set(NO_TENSORS)]
     classified = set().union(*tables)
     assert sum(map(len, tables)) == len(classified), "a name is in two tables"
     missing = _public_callables() - classified
-    assert not missing, f"classify these exports in tests/contracts/test_autograd_audit.py: {sorted(missing)}"
+    assert not missing, f"classify these exports in tests/topics/test_autograd_audit.py: {sorted(missing)}"
     stale = classified - _public_callables()
     assert not stale, f"no longer exported: {sorted(stale)}"
 
@@ -147,7 +212,7 @@ def test_backward_matches_float64_formula(name):
     make, ours, formula = AUTOGRAD[name]
     inputs = make()
     out = ours(*inputs)
-    assert isinstance(out, torch.Tensor) and out.requires_grad, f"{name}: the output dropped the graph"
+    assert isinstance(out, torch.Tensor) and out.grad_fn is not None, f"{name}: the output dropped the graph"
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     grads = torch.autograd.grad((out * weights).sum(), inputs)
     fresh = [t.detach().clone().requires_grad_() for t in inputs]
@@ -175,23 +240,56 @@ def test_layer_backward_matches_float64_formula(name, causal, need_weights):
         assert_close(g, e, dtype="float64", what=f"{name}: gradient {i}")
 
 
+@pytest.mark.parametrize("name", sorted(REFUSES_GRAD))
+def test_forward_only_entries_refuse_inputs_that_require_grad(name):
+    if name in NEEDS_TRITON and not HAS_TRITON:
+        pytest.skip("the optional triton package is not installed")
+    call = REFUSES_GRAD[name]
+    for which in range(3):  # q, k or v alone requires grad
+        inputs = [t.requires_grad_(i == which) for i, t in enumerate(_qkv32(False))]
+        with pytest.raises(ValueError, match=REFUSAL) as info:
+            call(*inputs)
+        assert re.match(REFUSAL, str(info.value)).group(1) == name  # the message names the entry called
+    with torch.no_grad():
+        out = call(*_qkv32(True))  # the refusal is about autograd only
+    out = out[0] if isinstance(out, tuple) else out
+    assert out.grad_fn is None and bool(torch.isfinite(out).all())
+
+
+def test_flash_decoding_refuses_new_keys_that_require_grad():
+    q, k, v = _qkv32(False)
+    new = k[:, :, :1].clone().requires_grad_()
+    with pytest.raises(ValueError, match=REFUSAL):
+        attn_lib.flash_decoding(q[:, :, :1], k, v, new, v[:, :, :1], cache_seqlens=torch.tensor([2]))
+
+
 @pytest.mark.parametrize("name", sorted(NOT_DIFFERENTIABLE))
-def test_non_differentiable_outputs_say_so(name):
-    x = torch.tensor([0.0, float("-inf")], requires_grad=True)
-    calls = {
-        "causal_mask": lambda: attn_lib.causal_mask(3),
-        "sliding_window_mask": lambda: attn_lib.sliding_window_mask(3, 5, window_size=(1, 0)),
-        "padding_mask": lambda: attn_lib.padding_mask(torch.tensor([2, 1])),
-        "bool_to_additive": lambda: attn_lib.bool_to_additive(torch.tensor([True, False])),
-        "additive_to_bool": lambda: attn_lib.additive_to_bool(x),
-        "assert_close": lambda: attn_lib.assert_close(x.detach()[:1], torch.zeros(1)),
-        "count_parameters": lambda: attn_lib.count_parameters(attn_lib.SelfAttention(2)),
-        "sinusoidal_positions": lambda: attn_lib.sinusoidal_positions(4, 6),
-        "generate": lambda: attn_lib.generate(attn_lib.models.tiny_lm.build_lm(), torch.tensor([[1, 2]]), 2),
-    }
-    out = calls[name]()
-    if isinstance(out, torch.Tensor):
-        assert not out.requires_grad  # built from sizes or a bool mask, or a bool result
-        assert out.dtype == torch.bool or name in ("bool_to_additive", "sinusoidal_positions", "generate")
-    else:
-        assert out is None or isinstance(out, int)
+def test_non_differentiable_outputs_are_what_the_table_says(name):
+    kind, call = NOT_DIFFERENTIABLE[name]
+    if name in NEEDS_TRITON and not HAS_TRITON:
+        pytest.skip("the optional triton package is not installed")
+    x = torch.tensor([0.5, -1.5], dtype=torch.float64, requires_grad=True)
+    if kind == "refuses float":
+        with pytest.raises(TypeError):
+            call(x)
+        return
+    out = call(x)
+    if kind == "python":
+        assert out is None or (isinstance(out, int) and not isinstance(out, bool)), f"{name}: {type(out).__name__}"
+        return
+    outs = out if isinstance(out, tuple) else (out,)
+    assert outs and all(isinstance(t, torch.Tensor) for t in outs), f"{name}: {type(out).__name__}"
+    for t in outs:
+        if kind == "bool":
+            assert t.dtype == torch.bool, f"{name}: {t.dtype}"
+        elif kind == "integer":
+            assert not t.is_floating_point() and t.dtype != torch.bool, f"{name}: {t.dtype}"
+        else:  # "detached": floating results without a graph, though every input required grad
+            assert t.is_floating_point() and t.grad_fn is None and not t.requires_grad, f"{name}: {t.grad_fn}"
+
+
+@pytest.mark.parametrize("name", sorted(NO_TENSORS))
+def test_exports_without_tensors_return_no_tensor(name):
+    out = NO_TENSORS[name]()
+    values = out.values() if isinstance(out, dict) else [out]
+    assert not any(isinstance(v, torch.Tensor) for v in values), f"{name} returned a tensor"
