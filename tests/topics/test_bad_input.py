@@ -323,6 +323,8 @@ if hasattr(attn_lib, "flash_attention"):
     ROWS += [
         ("flash_attention: backend name", fa(Q, Q, Q, backend="cuda"), ValueError,
          r"backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'"),
+        ("flash_attention: backend not a string", fa(Q, Q, Q, backend=1), TypeError,
+         r"^backend must be one of \('auto', 'torch', 'triton'\), got 1 \(int\)$"),
         ("flash_attention: q 2-D", fa(t(3, 4), Q, Q), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D"),
         ("flash_attention: D of q and k differ", fa(Q, t(1, 1, 3, 5), Q), ValueError, r"q has D=4, k has D=5"),
         ("flash_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4)), ValueError, r"k has S=3, v has S=2"),
@@ -1027,6 +1029,8 @@ ROWS += [
      r"^is_causal must be True or False, got 1$"),
     ("flash_decoding: backend name", _decode(_QD, _KD, _KD, backend="cuda"), ValueError,
      r"^backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'$"),
+    ("flash_decoding: backend not a string", _decode(_QD, _KD, _KD, backend=None), TypeError,
+     r"^backend must be one of \('auto', 'torch', 'triton'\), got None \(NoneType\)$"),
     ("flash_decoding: cache_seqlens beyond S_max", _decode(_QD, _KD, _KD, cache_seqlens=torch.tensor([6])),
      ValueError, r"^cache_seqlens must hold lengths in 0 \.\. 5 \(entry b uses keys 0 \.\. cache_seqlens\[b\] - 1 "
                  r"of the cache, and new keys go after them\), got lengths from 6 to 6; clamp them with "
