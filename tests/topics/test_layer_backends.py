@@ -1,6 +1,6 @@
-"""Every layer on every name of ``attn_lib.BACKENDS``: the reference layer's output, the flags
-honoured, the input checked (and scanned for nan / inf) once per call, KV-cache decoding equal
-to one forward of the whole sequence.
+"""Every layer on every name of ``attn_lib.BACKENDS``: the reference layer's output and gradients,
+the flags honoured, the input scanned for nan / inf once per call, KV-cache decoding equal to one
+forward of the whole sequence (the one entry into the check package per call: tests/topics/test_doors.py).
 
 The Triton rows run the kernels under Triton's interpreter without a GPU (float32: the
 interpreter's low-precision dots are wrong); tolerances come from ``attn_lib.tolerances``.

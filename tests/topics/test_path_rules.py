@@ -1,8 +1,8 @@
 """One rule on every functional attention path (reference, numpy twin, tiled torch, Triton):
-second-order gradients refused by name, overflow raised (never hidden as zeros), a large
-scale with small scores not mistaken for overflow, one scale rule, 3-D masks refused with
-a remedy, ``check_finite`` reaching the core, checks run once at the door, and no package
-attribute shadowing a submodule.
+second-order gradients refused by name, overflow raised (never hidden as zeros) and named by its
+direction, a large scale with small scores not mistaken for overflow, one scale rule, 3-D masks
+refused with a remedy, ``check_finite`` reaching the core, checks run once at the door, a window
+wider than the sequence giving the unbounded answer, and no package attribute shadowing a submodule.
 
 The Triton cases run under Triton's interpreter without a GPU (float32).
 """
