@@ -150,8 +150,10 @@ def check_align(align: Any) -> str:
 
 
 def check_choice(name: str, value: Any, choices: tuple) -> Any:
-    """检查选项参数必须是 choices 之一（如 backend、kind），返回它。"""
-    if not isinstance(value, str) or value not in choices:
+    """检查选项参数必须是 choices 之一（如 backend、kind），返回它；不是字符串报 TypeError，不在其中报 ValueError。"""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {choices}, got {value!r} ({type(value).__name__})")
+    if value not in choices:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
 

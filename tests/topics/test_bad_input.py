@@ -8,6 +8,7 @@ nan) lives in test_layer_contract.py / test_edges.py instead.
 """
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
@@ -18,6 +19,7 @@ import attn_lib
 from attn_lib import KVCache, MultiHeadAttention, apply_rotary, causal_mask, sinusoidal_positions
 from attn_lib.models import it_data
 from attn_lib.core import numpy_ref
+from attn_lib.flash import splits
 from attn_lib.figures import plotting
 from attn_lib.models import tiny_model
 
@@ -194,7 +196,7 @@ ROWS = [
      r"neither 0 nor -inf \(e.g. 1.0\).*such a bias cannot be expressed as a bool mask, pass the float mask to attention as it is$"),
     ("additive_to_bool: list", lambda: attn_lib.additive_to_bool([0.0]), TypeError, r"^mask must be a floating tensor of 0 and -inf, got list$"),
     # --- tolerances ------------------------------------------------------------------------------
-    ("tolerance: unknown dtype", lambda: attn_lib.tolerance("int8"), KeyError, r"no tolerance for dtype int8; known: \['bfloat16'"),
+    ("tolerance: unknown dtype", lambda: attn_lib.tolerance("int8"), KeyError, r"no output tolerance for dtype int8; known: \['bfloat16'"),
     # --- dictionary lookup and similarity (chapters 1-2) -------------------------------------------
     ("hard_lookup: missing key", lambda: attn_lib.hard_lookup("fruit", {"apple": 10}), KeyError, r"exact key.*'fruit'"),
     ("soft_lookup: sum != 1", lambda: attn_lib.soft_lookup([0.5, 0.4], [1.0, 2.0]), ValueError, r"sum to 1"),
@@ -225,7 +227,7 @@ ROWS = [
 
 
 # --- layers --------------------------------------------------------------------------------------
-# (flags that must be bools and need_weights: tests/contracts/test_layer_contract.py, for every layer)
+# (flags that must be bools and need_weights: tests/topics/test_layer_contract.py, for every layer)
 if hasattr(attn_lib, "MultiHeadAttention"):
     from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention, merge_heads, split_heads
 
@@ -321,18 +323,21 @@ if hasattr(attn_lib, "flash_attention"):
     ROWS += [
         ("flash_attention: backend name", fa(Q, Q, Q, backend="cuda"), ValueError,
          r"backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'"),
+        ("flash_attention: backend not a string", fa(Q, Q, Q, backend=1), TypeError,
+         r"^backend must be one of \('auto', 'torch', 'triton'\), got 1 \(int\)$"),
         ("flash_attention: q 2-D", fa(t(3, 4), Q, Q), ValueError, r"q must be 4-D \(B, H, L, D\), got 2-D"),
         ("flash_attention: D of q and k differ", fa(Q, t(1, 1, 3, 5), Q), ValueError, r"q has D=4, k has D=5"),
         ("flash_attention: S of k and v differ", fa(Q, Q, t(1, 1, 2, 4)), ValueError, r"k has S=3, v has S=2"),
         ("flash_attention: dtypes differ", fa(Q, Q.double(), Q), TypeError, r"same dtype, got q=torch.float32, k=torch.float64"),
         ("flash_attention: scale 0", fa(Q, Q, Q, scale=0), ValueError, r"scale must be finite and > 0, got 0.0"),
         ("flash_attention: is_causal not bool", fa(Q, Q, Q, is_causal="yes"), TypeError, r"is_causal must be True or False, got 'yes'"),
-        ("flash_attention: key_padding_mask shape", fa(Q, Q, Q, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError,
-         r"key_padding_mask must have shape \(B, S\) = \(1, 3\).*got \(1, 4\)"),
-        ("flash_attention: key_padding_mask dtype", fa(Q, Q, Q, key_padding_mask=torch.ones(1, 3)), TypeError,
-         r"key_padding_mask must be bool \(True = key present\), got torch.float32.*\.bool\(\)"),
-        ("flash_attention: key_padding_mask list", fa(Q, Q, Q, key_padding_mask=[[True] * 3]), TypeError,
-         r"key_padding_mask must be a torch.Tensor or None, got list"),
+        ("flash_attention: key_mask shape", fa(Q, Q, Q, key_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError,
+         r"key_mask must have shape \(B, S\) = \(1, 3\).*got \(1, 4\)"),
+        ("flash_attention: key_mask dtype", fa(Q, Q, Q, key_mask=torch.ones(1, 3)), TypeError,
+         r"key_mask must be bool \(True = key present; torch\.nn\.MultiheadAttention's key_padding_mask is the "
+         r"opposite, True = padding\), got torch.float32.*\.bool\(\)"),
+        ("flash_attention: key_mask list", fa(Q, Q, Q, key_mask=[[True] * 3]), TypeError,
+         r"key_mask must be a torch.Tensor or None, got list"),
         ("flash_attention: nan in k", fa(Q, _nan(1, 1, 3, 4), Q), ValueError, r"k contains nan or inf"),
         ("flash_attention_torch: block_m 0", fa(Q, Q, Q, fn=attn_lib.flash_attention_torch, block_m=0), ValueError,
          r"block_m must be a positive int, got 0"),
@@ -352,9 +357,9 @@ if hasattr(attn_lib, "flash_attention"):
          r"scale is not differentiable"),
         ("flash_attention_torch: scale requires grad", fa(*_qkv(), fn=attn_lib.flash_attention_torch, scale=SCALE_GRAD), TypeError,
          r"scale is not differentiable"),
-        ("flash_attention: key_padding_mask requires grad",
-         fa(*_qkv(True), key_padding_mask=torch.ones(1, 6, requires_grad=True), backend="torch"), ValueError,
-         r"key_padding_mask requires grad, but it is not differentiable"),
+        ("flash_attention: key_mask requires grad",
+         fa(*_qkv(True), key_mask=torch.ones(1, 6, requires_grad=True), backend="torch"), ValueError,
+         r"key_mask requires grad, but it is not differentiable"),
         ("flash_attention_torch: inputs that require grad", fa(*_qkv(True), fn=attn_lib.flash_attention_torch), ValueError,
          r"flash_attention_torch is forward-only.*attn_lib.flash_attention\(q, k, v, backend='torch'\)"),
         ("flash_attention_triton: block_m not a power of 2", fa(Q, Q, Q, fn=attn_lib.flash_attention_triton, block_m=24),
@@ -365,9 +370,9 @@ if hasattr(attn_lib, "flash_attention"):
          TypeError, r"float16, bfloat16 or float32; for float64 use backend='torch'"),
         ("flash_attention_triton: head dim > 256", fa(t(1, 1, 2, 300), t(1, 1, 2, 300), t(1, 1, 2, 4), fn=attn_lib.flash_attention_triton),
          ValueError, r"head dims up to 256, got D=300"),
-        ("flash_attention_triton: key_padding_mask shape",
-         fa(Q16, t(1, 1, 4, 16), t(1, 1, 4, 16), fn=attn_lib.flash_attention_triton, key_padding_mask=torch.ones(1, 5, dtype=torch.bool)),
-         ValueError, r"key_padding_mask must have shape \(B, S\) = \(1, 4\)"),
+        ("flash_attention_triton: key_mask shape",
+         fa(Q16, t(1, 1, 4, 16), t(1, 1, 4, 16), fn=attn_lib.flash_attention_triton, key_mask=torch.ones(1, 5, dtype=torch.bool)),
+         ValueError, r"key_mask must have shape \(B, S\) = \(1, 4\)"),
         ("flash_attention_torch_backward: dout of the wrong shape",
          lambda: attn_lib.flash_attention_torch_backward(Q, Q, Q, Q, t(1, 1, 3), t(1, 1, 3, 5)), ValueError,
          r"dout must have shape \(1, 1, 3, 4\)"),
@@ -409,11 +414,11 @@ if hasattr(attn_lib, "flash_attention"):
          r"scale must be finite and > 0"),
         ("flash_attention_triton_backward: block_n float", bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, block_n=16.0), TypeError,
          r"block_n must be a positive int"),
-        ("flash_attention_triton_backward: key_padding_mask shape",
-         bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, key_padding_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError,
-         r"key_padding_mask must have shape \(B, S\) = \(1, 3\)"),
-        ("flash_attention_triton_backward: key_padding_mask float",
-         bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, key_padding_mask=torch.ones(1, 3)), TypeError, r"key_padding_mask must be bool"),
+        ("flash_attention_triton_backward: key_mask shape",
+         bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, key_mask=torch.ones(1, 4, dtype=torch.bool)), ValueError,
+         r"key_mask must have shape \(B, S\) = \(1, 3\)"),
+        ("flash_attention_triton_backward: key_mask float",
+         bwd(Q16, Q16, Q16, OUT16, LSE3, OUT16, key_mask=torch.ones(1, 3)), TypeError, r"key_mask must be bool"),
         ("flash_attention_triton_backward: head dim > 256", bwd(t(1, 1, 3, 300), t(1, 1, 3, 300), Q16, OUT16, LSE3, OUT16),
          ValueError, r"head dims up to 256"),
         ("naive_attention: is_causal not bool", fa(Q, Q, Q, fn=attn_lib.naive_attention, is_causal="yes"), TypeError,
@@ -478,8 +483,10 @@ def _kv(B=2, dtype=torch.float32, device="cpu"):
 
 
 def _cache_of_another_layer():
-    cache = KVCache()
-    MultiHeadAttention(4, 2, is_causal=True)(torch.zeros(1, 1, 4), kv_cache=cache)
+    """A cache used by one layer, then offered to a second one while the first is still alive (a cache
+    holds its owner weakly: a layer that was garbage-collected owns nothing)."""
+    cache, first = KVCache(), MultiHeadAttention(4, 2, is_causal=True)
+    first(torch.zeros(1, 1, 4), kv_cache=cache)
     MultiHeadAttention(4, 2, is_causal=True)(torch.zeros(1, 1, 4), kv_cache=cache)
 
 
@@ -536,7 +543,7 @@ ROWS += [
      r"kv_cache already serves another layer; one cache serves one attention layer.*its own KVCache.*cache.reset\(\)"),
     ("MultiHeadAttention: float64 on triton", lambda: MultiHeadAttention(8, 2, backend="triton").double()(
         torch.zeros(1, 3, 8, dtype=torch.float64)), TypeError,
-     r"the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' \(got the layer's dtype"),
+     r"the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' \(got torch\.float64\)$"),
     ("SelfAttention: head dim 300 on triton", lambda: SelfAttention(4, 300, backend="triton")(torch.zeros(1, 3, 4)),
      ValueError, r"the Triton kernel supports head dims up to 256, got D=300, Dv=300; use backend='torch'"),
     ("SelfAttention: the old backend name", lambda: SelfAttention(4, backend="flash"), ValueError,
@@ -574,10 +581,11 @@ def _caches_of_two_lengths():
 
 
 def _foreign_cache():
-    model, other, foreign = _lm(), _lm(), KVCache()
+    """Both caches of another model, of one length: only their owner is wrong."""
+    model, other, foreign = _lm(), _lm(), [KVCache(), KVCache()]
     with torch.no_grad():
-        other(_lm_ids(), [foreign, KVCache()])
-    return lambda: model(_lm_ids(), [foreign, KVCache()])
+        other(_lm_ids(), foreign)
+    return lambda owner=other: model(_lm_ids(), foreign)  # owner: the other model stays alive
 
 
 def _gen(*args, **kw):
@@ -704,7 +712,7 @@ ROWS += [
     ("SelfAttention: float64 on the GPU kernel", lambda: SelfAttention(4, backend="triton").double()(
         t(1, 3, 4, dtype=torch.float64)), TypeError,
      r"^the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
-     r"\(got the layer's dtype torch\.float64\)$"),
+     r"\(got torch\.float64\)$"),
     ("SelfAttention: value head dim 300 on the GPU kernel", lambda: SelfAttention(4, 2, 300, backend="triton")(t(1, 3, 4)),
      ValueError, r"^the Triton kernel supports head dims up to 256, got D=2, Dv=300; use backend='torch'$"),
     ("SelfAttention: key head dim 300 on the GPU kernel", lambda: SelfAttention(4, 300, 2, backend="triton")(t(1, 3, 4)),
@@ -724,7 +732,7 @@ ROWS += [
      r"serves one attention layer$"),
     ("KVCache: keys of another dtype", lambda: _cache_with().append(*_kv(dtype=torch.float64)), TypeError,
      r"^the cache holds torch\.float32 but the new keys are torch\.float64; keep one dtype for a whole generation "
-     r"\(or cache\.reset\(\)\)$"),
+     r"\(the same autocast setting for every step too\), or cache\.reset\(\)$"),
     ("KVCache: k a list", lambda: KVCache().append([1], t(1, 2, 3, 4)), TypeError,
      r"^k must be a torch\.Tensor of shape \(B, H, S, D\), got list$"),
     ("KVCache: v a list", lambda: KVCache().append(t(1, 2, 3, 4), [1]), TypeError,
@@ -809,7 +817,7 @@ ROWS += [
     ("MultiHeadAttention: float64 on the GPU kernel", lambda: MultiHeadAttention(8, 2, backend="triton").double()(
         t(1, 3, 8, dtype=torch.float64)), TypeError,
      r"^the Triton kernel takes float16, bfloat16 or float32; for float64 use backend='torch' "
-     r"\(got the layer's dtype torch\.float64\)$"),
+     r"\(got torch\.float64\)$"),
     ("MultiHeadAttention: head dim 300 on the GPU kernel", lambda: MultiHeadAttention(600, 2, backend="triton")(t(1, 3, 600)),
      ValueError, r"^the Triton kernel supports head dims up to 256, got D=300, Dv=300; use backend='torch'$"),
     ("MultiHeadAttention: a pattern mask on the GPU kernel", lambda: MultiHeadAttention(8, 2, backend="triton")(
@@ -842,22 +850,22 @@ ROWS += [
         t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), t(1, 2, 5, 3), t(1, 2, 5), t(1, 2, 5, 4)), ValueError,
      r"^out must have shape \(1, 2, 5, 4\), got \(1, 2, 5, 3\); pass what flash_attention_torch returned for these "
      r"q, k, v$"),
-    ("flash_attention_torch: key_padding_mask requires grad", lambda: attn_lib.flash_attention_torch(
-        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6, requires_grad=True)), ValueError,
-     r"^key_padding_mask requires grad, but it is not differentiable \(a key is either present or not\); pass a bool "
-     r"tensor \(True = key present\), e\.g\. key_padding_mask\.detach\(\) > 0\.5$"),
-    ("flash_attention_torch: key_padding_mask float", lambda: attn_lib.flash_attention_torch(
-        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6)), TypeError,
-     r"^key_padding_mask must be bool \(True = key present\), got torch\.float32; for a 0/1 tensor use "
-     r"key_padding_mask\.bool\(\)$"),
-    ("flash_attention_torch: key_padding_mask on another device", lambda: attn_lib.flash_attention_torch(
-        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_padding_mask=torch.ones(1, 6, dtype=torch.bool, device="meta")),
-     ValueError, r"^key_padding_mask must be on q's device cpu, got meta; move it with key_padding_mask\.to\(q\.device\)$"),
+    ("flash_attention_torch: key_mask requires grad", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_mask=torch.ones(1, 6, requires_grad=True)), ValueError,
+     r"^key_mask requires grad, but it is not differentiable \(a key is either present or not\); pass a bool "
+     r"tensor \(True = key present\), e\.g\. key_mask\.detach\(\) > 0\.5$"),
+    ("flash_attention_torch: key_mask float", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_mask=torch.ones(1, 6)), TypeError,
+     r"^key_mask must be bool \(True = key present; torch\.nn\.MultiheadAttention's key_padding_mask is the "
+     r"opposite, True = padding\), got torch\.float32; for a 0/1 tensor use key_mask\.bool\(\)$"),
+    ("flash_attention_torch: key_mask on another device", lambda: attn_lib.flash_attention_torch(
+        t(1, 2, 5, 4), t(1, 2, 6, 4), t(1, 2, 6, 4), key_mask=torch.ones(1, 6, dtype=torch.bool, device="meta")),
+     ValueError, r"^key_mask must be on q's device cpu, got meta; move it with key_mask\.to\(q\.device\)$"),
     ("flash_attention_torch: inputs that require grad, the whole message", lambda: attn_lib.flash_attention_torch(
         t(1, 2, 5, 4).requires_grad_(), t(1, 2, 6, 4), t(1, 2, 6, 4)), ValueError,
-     r"^flash_attention_torch is forward-only \(it writes into preallocated buffers, which autograd cannot follow\), "
-     r"but q, k or v requires grad; to train, call attn_lib\.flash_attention\(q, k, v, backend='torch'\), whose "
-     r"backward is the tiled FlashAttention-2 backward, or wrap this call in torch\.no_grad\(\)$"),
+     r"^flash_attention_torch is forward-only, but q, k or v requires grad \(expected: no autograd here\); to "
+     r"train, call attn_lib\.flash_attention\(q, k, v, backend='torch'\), whose backward is the tiled "
+     r"FlashAttention-2 backward \(attn_lib\.attention for the reference's\), or wrap this call in torch\.no_grad\(\)$"),
     ("MultiHeadAttention: backend unknown, the whole message", lambda: MultiHeadAttention(4, 2, backend="fast"), ValueError,
      r"^backend must be one of \('auto', 'reference', 'sdpa', 'torch', 'triton'\), got 'fast'$"),
     ("attention: mask of another shape, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4),
@@ -898,9 +906,9 @@ ROWS += [
                 r"yourself \(attention\(q \* s, k, v, scale=1\.0\)\) so autograd sees it\.$"),
     ("attention: scale a string, the whole message", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4), scale="x"), TypeError,
      r"^scale must be a positive number or None, got 'x' \(str\); e\.g\. scale=0\.125, or leave it as None for 1/sqrt\(D\)\.$"),
-    ("flash_attention_torch: key_padding_mask a list", lambda: attn_lib.flash_attention_torch(
-        t(1, 1, 2, 4), t(1, 1, 2, 4), t(1, 1, 2, 4), key_padding_mask=[[True, True]]), TypeError,
-     r"^key_padding_mask must be a torch\.Tensor or None, got list; convert it with torch\.as_tensor\(key_padding_mask\)$"),
+    ("flash_attention_torch: key_mask a list", lambda: attn_lib.flash_attention_torch(
+        t(1, 1, 2, 4), t(1, 1, 2, 4), t(1, 1, 2, 4), key_mask=[[True, True]]), TypeError,
+     r"^key_mask must be a torch\.Tensor or None, got list; convert it with torch\.as_tensor\(key_mask\)$"),
     ("causal_mask: L a fraction, no int() hint", lambda: causal_mask(2.5), TypeError, r"^L must be an int >= 0, got 2\.5 \(float\)$"),
     ("attention: scale a numpy string", lambda: attn_lib.attention(t(1, 1, 3, 4), t(1, 1, 5, 4), t(1, 1, 5, 4),
         scale=np.str_("0.5")), TypeError, r"^scale must be a positive number or None, got np\.str_\('0\.5'\) \(str_\)"),
@@ -936,8 +944,10 @@ def _gqa_window_rows(name, call):
          r"^q, k and v must share batch and head sizes \(B, H\): q has \(1, 6\), k has \(1, 2\), v has \(1, 1\)\.$"),
         (f"{name}: enable_gqa not bool", call(Q, Q, Q, enable_gqa="yes"), TypeError,
          r"^enable_gqa must be True or False, got 'yes'$"),
+        (f"{name}: enable_gqa None", call(Q, Q, Q, enable_gqa=None), TypeError,
+         r"^enable_gqa must be True or False, got None$"),
         (f"{name}: window_size an int", call(Q, Q, Q, window_size=3), TypeError,
-         r"^window_size must be a pair \(left, right\) of ints, as a tuple or list, got 3 \(int\); " + WINDOW_EG),
+         r"^window_size must be a pair \(left, right\) of ints, as a tuple or list, or None, got 3 \(int\); " + WINDOW_EG),
         (f"{name}: window_size of three", call(Q, Q, Q, window_size=(1, 2, 3)), ValueError,
          r"^window_size must be a pair \(left, right\) of ints, got 3 values \(1, 2, 3\); " + WINDOW_EG),
         (f"{name}: window_size float", call(Q, Q, Q, window_size=(1.5, 0)), TypeError,
@@ -976,7 +986,7 @@ ROWS += [
      r"^k must have H=6 heads like q, got H_kv=2; this function has no enable_gqa: "
      r"use attn_lib\.attention\(q, k, v, enable_gqa=True\) for grouped-query attention$"),
     ("sliding_window_mask: window_size an int", lambda: attn_lib.sliding_window_mask(4, window_size=2), TypeError,
-     r"^window_size must be a pair \(left, right\) of ints, as a tuple or list, got 2 \(int\); " + WINDOW_EG),
+     r"^window_size must be a pair \(left, right\) of ints, as a tuple or list, or None, got 2 \(int\); " + WINDOW_EG),
     ("sliding_window_mask: window_size < -1", lambda: attn_lib.sliding_window_mask(4, window_size=(0, -5)), ValueError,
      r"^window_size must be a pair of ints >= -1 \(-1: unbounded on that side\), got \(0, -5\); " + WINDOW_EG),
     ("sliding_window_mask: causal window looks ahead", lambda: attn_lib.sliding_window_mask(4, window_size=(1, 1), is_causal=True),
@@ -988,33 +998,172 @@ ROWS += [
     ("sliding_window_mask: S float", lambda: attn_lib.sliding_window_mask(3, 2.0, window_size=(1, 0)), TypeError,
      r"^S must be an int >= 0, got 2\.0 \(float\); use int\(2\.0\)$"),
     ("sliding_window_mask: align", lambda: attn_lib.sliding_window_mask(3, window_size=(1, 0), align="bottom"), ValueError,
-     r'^align must be "top-left" or "bottom-right", got \'bottom\'$'),
+     r'^align must be "top-left" or "bottom-right", got \'bottom\'; "top-left" is SDPA\'s is_causal \(query i '
+     r'sees keys up to i\), "bottom-right" flash-attn\'s \(up to i \+ S - L\)$'),
 ]
 
-# --- chapter 13: the decode step (every check of flash_decoding and merge_partials, with its exact type
-# and key words, is in tests/kernels/test_flash_decoding.py; these rows register the two exports here)
-_QD, _KD = t(1, 2, 1, 4), t(1, 2, 5, 4)
+# --- chapter 13: the decode step: flash_decoding(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=...),
+# and the split rule of attn_lib.flash.splits (choose_num_splits, split_bounds, merge_partials)
+_QD, _KD, _K1 = t(1, 2, 1, 4), t(1, 2, 5, 4), t(1, 2, 1, 4)  # one query, a cache of S_max = 5, one new key
+
+
+def _nan_at(shape, where):
+    x = t(*shape)
+    x[where] = float("nan")
+    return x
+
+
+def _decode(*args, **kw):
+    return lambda: attn_lib.flash_decoding(*args, **kw)
+
+
+_READ_NAN = (r"^k_cache contains nan or inf in the positions the step reads \(keys 0 \.\. cache_seqlens\[b\] - 1; "
+             r"the tail after them is never read\); attention would turn it into nan\. Check the layer that produced "
+             r"it\.$")
 ROWS += [
-    ("flash_decoding: H not divisible by H_kv", lambda: attn_lib.flash_decoding(t(1, 6, 1, 4), t(1, 4, 5, 4), t(1, 4, 5, 4),
-                                                                                enable_gqa=True),
+    ("flash_decoding: H not divisible by H_kv", _decode(t(1, 6, 1, 4), t(1, 4, 5, 4), t(1, 4, 5, 4), enable_gqa=True),
      ValueError, NOT_DIVIDING),
-    ("flash_decoding: cache_seqlens beyond S_max", lambda: attn_lib.flash_decoding(_QD, _KD, _KD,
-                                                                                   cache_seqlens=torch.tensor([6])),
-     ValueError, r"^cache_seqlens must hold lengths in 0 \.\. S_max = 5 "),
-    ("flash_decoding: cache_seqlens float", lambda: attn_lib.flash_decoding(_QD, _KD, _KD,
-                                                                            cache_seqlens=torch.tensor([5.0])),
+    ("flash_decoding: enable_gqa None", _decode(_QD, _KD, _KD, enable_gqa=None), TypeError,
+     r"^enable_gqa must be True or False, got None$"),
+    ("flash_decoding: is_causal not bool", _decode(_QD, _KD, _KD, is_causal=1), TypeError,
+     r"^is_causal must be True or False, got 1$"),
+    ("flash_decoding: backend name", _decode(_QD, _KD, _KD, backend="cuda"), ValueError,
+     r"^backend must be one of \('auto', 'torch', 'triton'\), got 'cuda'$"),
+    ("flash_decoding: backend not a string", _decode(_QD, _KD, _KD, backend=None), TypeError,
+     r"^backend must be one of \('auto', 'torch', 'triton'\), got None \(NoneType\)$"),
+    ("flash_decoding: cache_seqlens beyond S_max", _decode(_QD, _KD, _KD, cache_seqlens=torch.tensor([6])),
+     ValueError, r"^cache_seqlens must hold lengths in 0 \.\. 5 \(entry b uses keys 0 \.\. cache_seqlens\[b\] - 1 "
+                 r"of the cache, and new keys go after them\), got lengths from 6 to 6; clamp them with "
+                 r"cache_seqlens\.clamp\(0, 5\) or pass a longer cache$"),
+    ("flash_decoding: cache_seqlens negative", _decode(_QD, _KD, _KD, cache_seqlens=torch.tensor([-1])),
+     ValueError, r"^cache_seqlens must hold lengths in 0 \.\. 5 .*got lengths from -1 to -1"),
+    ("flash_decoding: cache_seqlens float", _decode(_QD, _KD, _KD, cache_seqlens=torch.tensor([5.0])),
      TypeError, r"^cache_seqlens must be an integer tensor"),
-    ("flash_decoding: num_splits 0", lambda: attn_lib.flash_decoding(_QD, _KD, _KD, num_splits=0), ValueError,
-     r"^num_splits must be a positive int, got 0$"),
-    ("flash_decoding: more queries than the cache", lambda: attn_lib.flash_decoding(t(1, 2, 6, 4), _KD, _KD),
+    ("flash_decoding: cache_seqlens of another batch", _decode(_QD, _KD, _KD, cache_seqlens=torch.tensor([1, 2])),
+     ValueError, r"^cache_seqlens must have shape \(B,\) = \(1,\) \(one length per sequence\), got \(2,\)"),
+    ("flash_decoding: num_splits negative", _decode(_QD, _KD, _KD, num_splits=-1), ValueError,
+     r"^num_splits must be an int >= 0, got -1$"),  # 0 means "choose", as flash-attn's num_splits=0
+    ("flash_decoding: num_splits float", _decode(_QD, _KD, _KD, num_splits=2.0), TypeError,
+     r"^num_splits must be an int >= 0, got 2\.0 \(float\)"),
+    ("flash_decoding: more queries than the cache", _decode(t(1, 2, 6, 4), _KD, _KD),
      ValueError, r"^q must have at most S_max=5 queries"),
-    ("flash_decoding: inputs that require grad", lambda: attn_lib.flash_decoding(_QD.clone().requires_grad_(), _KD, _KD),
+    ("flash_decoding: inputs that require grad", _decode(_QD.clone().requires_grad_(), _KD, _KD),
      ValueError, r"^flash_decoding is forward-only"),
+    ("flash_decoding: k without v", _decode(_QD, _KD, _KD, _K1, cache_seqlens=torch.tensor([4])), ValueError,
+     r"^k and v must be given together \(the new keys and their values\), got only k; pass both, or neither to "
+     r"attend over the cache as it is$"),
+    ("flash_decoding: v without k", _decode(_QD, _KD, _KD, None, _K1, cache_seqlens=torch.tensor([4])), ValueError,
+     r"^k and v must be given together .*got only v;"),
+    ("flash_decoding: k and v without cache_seqlens", _decode(_QD, _KD, _KD, _K1, _K1), ValueError,
+     r"^cache_seqlens must be given with new k and v \(they are written at positions cache_seqlens\[b\] \.\. "
+     r"cache_seqlens\[b\] \+ S_new - 1\), got None; e\.g\. cache_seqlens=torch\.zeros\(B, dtype=torch\.int32\) "
+     r"for empty caches$"),
+    ("flash_decoding: no room for the new keys", _decode(_QD, _KD, _KD, t(1, 2, 2, 4), t(1, 2, 2, 4),
+                                                         cache_seqlens=torch.tensor([4])), ValueError,
+     r"^cache_seqlens must hold lengths in 0 \.\. 3 \(.*new keys go after them\), got lengths from 4 to 4"),
+    ("flash_decoding: k of another head dim", _decode(_QD, _KD, _KD, t(1, 2, 1, 3), _K1, cache_seqlens=torch.tensor([4])),
+     ValueError, r"^k must have shape \(B, H_kv, S_new, D\) = \(1, 2, 1, 4\) like k_cache's \(1, 2, 5, 4\), "
+                 r"got \(1, 2, 1, 3\)$"),
+    ("flash_decoding: k of another dtype", _decode(_QD, _KD, _KD, _K1.double(), _K1, cache_seqlens=torch.tensor([4])),
+     TypeError, r"^k_cache, k, v must have the same dtype, got k_cache=torch\.float32, k=torch\.float64"),
+    ("flash_decoding: nan inside the read part of the cache", _decode(
+        _QD, _nan_at((1, 2, 5, 4), (0, 1, 2, 3)), _KD, cache_seqlens=torch.tensor([3])), ValueError, _READ_NAN),
+    ("flash_decoding: nan in the values of a full cache", _decode(_QD, _KD, _nan_at((1, 2, 5, 4), (0, 0, 4, 0))),
+     ValueError, r"^v_cache contains nan or inf"),
+    ("flash_decoding: nan in the new keys", _decode(_QD, _KD, _KD, _nan_at((1, 2, 1, 4), (0, 0, 0, 0)), _K1,
+                                                    cache_seqlens=torch.tensor([2])), ValueError,
+     r"^k contains nan or inf"),
     ("merge_partials: shapes do not fit", lambda: attn_lib.merge_partials(t(2, 3, 4), t(2, 4)), ValueError,
      r"^outs must have shape \(\.\.\., P, Dv\) with lses of shape \(\.\.\., P\)"),
     ("merge_partials: nan in lses", lambda: attn_lib.merge_partials(t(2, 3), torch.tensor([0.0, float("nan")])),
      ValueError, r"^lses must be finite or -inf"),
+    ("merge_partials: no split", lambda: splits.merge_partials(t(2, 0, 3), t(2, 0)), ValueError,
+     r"^outs must hold at least one split \(P >= 1\), got P=0"),
+    ("choose_num_splits: batch_heads negative", lambda: splits.choose_num_splits(-1, 8), ValueError,
+     r"^batch_heads must be an int >= 0, got -1$"),
+    ("choose_num_splits: S float", lambda: splits.choose_num_splits(4, 8.0), TypeError,
+     r"^S must be an int >= 0, got 8\.0 \(float\); use int\(8\.0\)$"),
+    ("choose_num_splits: workers 0", lambda: splits.choose_num_splits(4, 8, workers=0), ValueError,
+     r"^workers must be a positive int, got 0$"),
+    ("split_bounds: no split", lambda: splits.split_bounds(10, 0), ValueError,
+     r"^num_splits must be a positive int, got 0$"),
+    ("split_bounds: S negative", lambda: splits.split_bounds(-1, 2), ValueError, r"^S must be an int >= 0, got -1$"),
+    ("split_bounds: block_n 0", lambda: splits.split_bounds(10, 2, 0), ValueError,
+     r"^block_n must be a positive int, got 0$"),
 ]
+
+
+# --- align: one check, one wording, on every entry that takes it (functions, masks, layer constructors) ------
+ALIGN_VALUE = (r'^align must be "top-left" or "bottom-right", got \'middle\'; "top-left" is SDPA\'s is_causal '
+               r'\(query i sees keys up to i\), "bottom-right" flash-attn\'s \(up to i \+ S - L\)$')
+ALIGN_TYPE = (r'^align must be the string "top-left" or "bottom-right", got 1 \(int\); "top-left" is SDPA\'s '
+              r'is_causal, "bottom-right" flash-attn\'s$')
+_Q16B, _OUT16B, _LSE3B = t(1, 1, 3, 16), t(1, 1, 3, 16), t(1, 1, 3)
+ALIGN_CALLS = {
+    "attention": lambda align: attn_lib.attention(Q, Q, Q, is_causal=True, align=align),
+    "naive_attention": lambda align: attn_lib.naive_attention(Q, Q, Q, is_causal=True, align=align),
+    "flash_attention": lambda align: attn_lib.flash_attention(Q, Q, Q, is_causal=True, align=align, backend="torch"),
+    "flash_attention_torch": lambda align: attn_lib.flash_attention_torch(Q, Q, Q, is_causal=True, align=align),
+    "flash_attention_torch_backward": lambda align: _bwd_call(Q, Q, Q, is_causal=True, align=align)(),
+    "flash_attention_triton": lambda align: attn_lib.flash_attention_triton(_Q16B, _Q16B, _Q16B, align=align),
+    "flash_attention_triton_backward": lambda align: attn_lib.flash_attention_triton_backward(
+        _Q16B, _Q16B, _Q16B, _OUT16B, _LSE3B, _OUT16B, align=align),
+    "sliding_window_mask": lambda align: attn_lib.sliding_window_mask(2, 3, window_size=(1, 0), align=align),
+    "causal_mask": lambda align: attn_lib.causal_mask(2, 3, align=align),
+    "SelfAttention": lambda align: SelfAttention(4, align=align),
+    "MultiHeadAttention": lambda align: MultiHeadAttention(8, 2, align=align),
+    "LoopedMultiHeadAttention": lambda align: LoopedMultiHeadAttention(8, 2, align=align),
+    "tiny_model.RotaryMultiHeadAttention": lambda align: tiny_model.RotaryMultiHeadAttention(8, 2, align=align),
+}
+for _name, _fn in ALIGN_CALLS.items():
+    ROWS += [(f"{_name}: align 'middle'", (lambda f: lambda: f("middle"))(_fn), ValueError, ALIGN_VALUE),
+             (f"{_name}: align 1", (lambda f: lambda: f(1))(_fn), TypeError, ALIGN_TYPE)]
+
+# --- the removed keyword, the counter, positions beyond float64's integers, the overflow's direction --------
+_HUGE = torch.full((1, 1, 2, 1), 1e20)  # q·k = ±1e40: beyond float32 although every key is visible
+OVERFLOW_UP = (r"^attention scores overflowed to \+inf \(\|scale·q·k\| exceeds the range of float32\); compute in "
+               r"float64 or use a smaller scale$")
+OVERFLOW_DOWN = (r"^attention scores overflowed to -inf \(\|scale·q·k\| exceeds the range of float32\); compute in "
+                 r"float64 or use a smaller scale$")
+ROWS += [
+    *[(f"{name}: the removed keyword key_padding_mask", (lambda f: lambda: f(
+        Q, Q, Q, key_padding_mask=torch.ones(1, 3, dtype=torch.bool)))(fn), TypeError,
+       r"got an unexpected keyword argument 'key_padding_mask'")
+      for name, fn in (("flash_attention", attn_lib.flash_attention),
+                       ("flash_attention_torch", attn_lib.flash_attention_torch),
+                       ("naive_attention", attn_lib.naive_attention))],
+    ("flash_attention_torch: counter a string", lambda: attn_lib.flash_attention_torch(Q, Q, Q, counter="x"), TypeError,
+     r"^counter must be None or have methods load\(name, n\) and store\(name, n\), got str; "
+     r"e\.g\. counter=attn_lib\.IOCounter\(\)$"),
+    ("flash_attention_torch: counter without store", lambda: attn_lib.flash_attention_torch(
+        Q, Q, Q, counter=type("LoadsOnly", (), {"load": lambda self, name, n: None})()), TypeError,
+     r"^counter must be None or have methods load\(name, n\) and store\(name, n\), got LoadsOnly"),
+    ("apply_rotary: positions beyond 2**53", lambda: apply_rotary(t(1, 1, 5, 4), [2**63] * 5), ValueError,
+     r"^positions must lie in -2\*\*53 \.\. 2\*\*53 \(float64 represents the angle p·θ exactly only there\), "
+     r"got a position of magnitude 9223372036854775808; number the tokens from 0$"),
+    ("apply_rotary: a tensor position below -2**53", lambda: apply_rotary(
+        t(1, 1, 2, 4), torch.tensor([0, -2**53 - 1])), ValueError, r"^positions must lie in -2\*\*53 \.\. 2\*\*53"),
+    ("attention: scores overflow to -inf", lambda: attn_lib.attention(_HUGE, -_HUGE, _HUGE, scale=1.0), ValueError,
+     OVERFLOW_DOWN),
+    ("attention: scores overflow to +inf", lambda: attn_lib.attention(_HUGE, _HUGE, _HUGE, scale=1.0), ValueError,
+     OVERFLOW_UP),
+    ("flash_attention_torch: scores overflow to -inf", lambda: attn_lib.flash_attention_torch(
+        _HUGE, -_HUGE, _HUGE, scale=1.0), ValueError, OVERFLOW_DOWN),
+    ("flash_attention: scores overflow to -inf", lambda: attn_lib.flash_attention(
+        _HUGE, -_HUGE, _HUGE, scale=1.0, backend="torch"), ValueError, OVERFLOW_DOWN),
+    ("flash_decoding: scores overflow to +inf", lambda: attn_lib.flash_decoding(_HUGE[:, :, :1], _HUGE, _HUGE, scale=1.0),
+     ValueError, OVERFLOW_UP),
+    ("MultiHeadAttention: scores overflow on the SDPA path", lambda: _identity_layer("sdpa")(torch.full((1, 3, 4), 1e20)),
+     ValueError, OVERFLOW_UP),
+]
+
+
+def _identity_layer(backend):
+    """One head, q = k = v = x: the scores are |x|², which overflow float32 for x = 1e20."""
+    layer = MultiHeadAttention(4, 1, bias=False, backend=backend)
+    with torch.no_grad():
+        layer.qkv.weight.copy_(torch.eye(4).repeat(3, 1))  # (3C,C): [I; I; I]
+    return layer
 
 
 # --- the layers: shared key/value heads and sliding windows ---------
@@ -1123,7 +1272,50 @@ def test_every_public_function_has_a_row():
     missing = [n for n in public if n not in exempt and f"{n}:" not in ids]
     missing += [f"numpy {n}" for n in ("attention", "softmax", "causal_mask") if f"numpy {n}:" not in ids]
     missing += [n for n in ("show_heatmap", "show_heatmaps", "bar_scores") if f"{n}:" not in ids]
+    missing += [n for n in PUBLIC_SPLIT_RULES if f"{n}:" not in ids]
+    missing += [f"{n}: align" for n in ALIGN_TAKERS if f"{n}: align 'middle'" not in ids]
     assert not missing, f"no bad-input row for: {missing}"
+
+
+# The split rule of chapter 13 (attn_lib.flash.splits) is public API too, though only merge_partials is exported
+# at the top; every entry whose signature has `align` gets the two align rows.
+PUBLIC_SPLIT_RULES = ("choose_num_splits", "split_bounds", "merge_partials")
+ALIGN_TAKERS = [n for n in attn_lib.__all__ if callable(getattr(attn_lib, n))
+                and "align" in inspect.signature(getattr(attn_lib, n)).parameters]
+
+
+def test_the_align_rows_cover_every_entry_that_takes_align():
+    """The list of entries with `align` is read from their signatures, so it cannot miss one that gains it."""
+    assert {"attention", "flash_attention", "flash_attention_torch", "flash_attention_torch_backward",
+            "flash_attention_triton", "flash_attention_triton_backward", "naive_attention", "sliding_window_mask",
+            "causal_mask", "SelfAttention", "MultiHeadAttention", "LoopedMultiHeadAttention"} <= set(ALIGN_TAKERS)
+    assert set(ALIGN_TAKERS) <= set(ALIGN_CALLS)
+
+
+WINDOW_CALLS = {  # every entry that takes window_size, called with it set
+    "attention": lambda w: attn_lib.attention(Q, Q, Q, is_causal=True, window_size=w),
+    "flash_attention": lambda w: attn_lib.flash_attention(Q, Q, Q, is_causal=True, window_size=w, backend="torch"),
+    "flash_attention_torch": lambda w: attn_lib.flash_attention_torch(Q, Q, Q, is_causal=True, window_size=w),
+    "flash_attention_torch_backward": lambda w: _bwd_call(Q, Q, Q, is_causal=True, window_size=w)(),
+    "flash_attention_triton": lambda w: attn_lib.flash_attention_triton(_Q16B, _Q16B, _Q16B, is_causal=True,
+                                                                        window_size=w),
+    "flash_attention_triton_backward": lambda w: attn_lib.flash_attention_triton_backward(
+        _Q16B, _Q16B, _Q16B, _OUT16B, _LSE3B, _OUT16B, is_causal=True, window_size=w),
+    "sliding_window_mask": lambda w: attn_lib.sliding_window_mask(2, 3, window_size=w, is_causal=True),
+    "SelfAttention": lambda w: SelfAttention(4, is_causal=True, window_size=w)(t(1, 3, 4)),
+    "MultiHeadAttention": lambda w: MultiHeadAttention(8, 2, is_causal=True, window_size=w)(t(1, 3, 8)),
+    "LoopedMultiHeadAttention": lambda w: LoopedMultiHeadAttention(8, 2, is_causal=True, window_size=w)(t(1, 3, 8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WINDOW_CALLS))
+@pytest.mark.parametrize("window", [None, (2**64, 0), (2**64, -1)], ids=["None", "left 2**64", "left 2**64 unbounded"])
+def test_no_window_and_a_window_wider_than_any_sequence_are_not_errors(name, window):
+    """window_size=None means no window everywhere; a side wider than the sequence (even beyond int64) limits
+    nothing and is not a mistake (tests/topics/test_path_rules.py checks that the answer is the unbounded one)."""
+    out = WINDOW_CALLS[name](window)
+    out = out[0] if isinstance(out, tuple) else out
+    assert isinstance(out, torch.Tensor) and out.numel() > 0
 
 
 def test_sizes_are_checked_alike():

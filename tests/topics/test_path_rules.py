@@ -1,8 +1,8 @@
 """One rule on every functional attention path (reference, numpy twin, tiled torch, Triton):
-second-order gradients refused by name, overflow raised (never hidden as zeros), a large
-scale with small scores not mistaken for overflow, one scale rule, 3-D masks refused with
-a remedy, ``check_finite`` reaching the core, checks run once at the door, and no package
-attribute shadowing a submodule.
+second-order gradients refused by name, overflow raised (never hidden as zeros) and named by its
+direction, a large scale with small scores not mistaken for overflow, one scale rule, 3-D masks
+refused with a remedy, ``check_finite`` reaching the core, checks run once at the door, a window
+wider than the sequence giving the unbounded answer, and no package attribute shadowing a submodule.
 
 The Triton cases run under Triton's interpreter without a GPU (float32).
 """
@@ -11,6 +11,7 @@ import importlib.util
 import os
 import pkgutil
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +21,8 @@ import attn_lib
 from attn_lib.core import numpy_ref
 from attn_lib.rules.numerics import OVERFLOW_MESSAGE
 from attn_lib.tolerances import assert_close
+from attn_paths import mha_reference64, randn64, seed_weights
+from package_graph import modules
 
 DEVICE = torch.device(os.environ.get("ATTN_LIB_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -56,23 +59,43 @@ def _overflow_inputs():
 @pytest.mark.parametrize("padding", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_scores_overflowing_to_minus_inf_raise_on_every_path(backend, padding):
+    """Every visible score of a row fell to -inf: an overflow (not a row that sees nothing), named as downward."""
     q, k, v = _overflow_inputs()
     kpm = torch.tensor([[True, True, False]], device=DEVICE) if padding else None
-    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+    down = re.escape(OVERFLOW_MESSAGE + " to -inf (|scale·q·k| exceeds the range of float32)")
+    with pytest.raises(ValueError, match=down):
         attn_lib.attention(q, k, v, scale=1.0, mask=None if kpm is None else kpm[:, None, None, :])
-    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
-        attn_lib.flash_attention(q, k, v, scale=1.0, key_padding_mask=kpm, backend=backend)
-    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+    with pytest.raises(ValueError, match=down):
+        attn_lib.flash_attention(q, k, v, scale=1.0, key_mask=kpm, backend=backend)
+    with pytest.raises(ValueError, match=down):
         with torch.no_grad():
             forward = attn_lib.flash_attention_torch if backend == "torch" else attn_lib.flash_attention_triton
-            forward(q, k, v, scale=1.0, key_padding_mask=kpm)
+            forward(q, k, v, scale=1.0, key_mask=kpm)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in matmul:RuntimeWarning")  # Triton's interpreter (numpy)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scores_overflowing_to_plus_inf_are_named_upward_on_every_path(backend):
+    q, _, v = _overflow_inputs()
+    k = torch.full((1, 1, 3, 1), 1e20, device=DEVICE)  # q·k = +1e40
+    up = re.escape(OVERFLOW_MESSAGE) + " to {} " + re.escape("(|scale·q·k| exceeds the range of float32)")
+    # The Triton decode kernel returns no log-sum-exp: it sees only the nan an overflow leaves, hence "±inf".
+    decode_sign = r"\+inf" if backend == "torch" else "±inf"
+    with torch.no_grad():
+        forward = attn_lib.flash_attention_torch if backend == "torch" else attn_lib.flash_attention_triton
+        for call, sign in ((lambda: attn_lib.attention(q, k, v, scale=1.0), r"\+inf"),
+                           (lambda: attn_lib.flash_attention(q, k, v, scale=1.0, backend=backend), r"\+inf"),
+                           (lambda: forward(q, k, v, scale=1.0), r"\+inf"),
+                           (lambda: attn_lib.flash_decoding(q, k, v, scale=1.0, backend=backend), decode_sign)):
+            with pytest.raises(ValueError, match=up.format(sign)):
+                call()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rows_that_see_no_key_still_give_zeros(backend):
     q, k, v = _qkv(L=4, S=4)
     kpm = torch.tensor([[False, False, True, True]], device=DEVICE)  # query 0, 1 see nothing under is_causal
-    out = attn_lib.flash_attention(q, k, v, is_causal=True, key_padding_mask=kpm, backend=backend)
+    out = attn_lib.flash_attention(q, k, v, is_causal=True, key_mask=kpm, backend=backend)
     assert bool((out[:, :, :2] == 0).all())
     ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), is_causal=True, mask=kpm[:, None, None, :])
     assert_close(out, ref, dtype=torch.float32)
@@ -152,12 +175,18 @@ def test_checks_run_once_per_flash_attention_call(backend, monkeypatch):
 
 
 def test_no_package_attribute_shadows_a_submodule():
-    for info in pkgutil.iter_modules(attn_lib.__path__):
-        if info.name.startswith("_") or info.name in {"flash_triton", "flash_triton_backward"}:
-            continue  # private modules and the Triton kernels (imported lazily, with Triton)
-        module = importlib.import_module(f"attn_lib.{info.name}")
-        attr = getattr(attn_lib, info.name, module)
-        assert attr is module, f"attn_lib.{info.name} is {type(attr).__name__}, not the submodule"
+    """In every package of attn_lib, a name that is also a submodule's name is that submodule (a function
+    re-exported under its module's name would hide the module from `attn_lib.core.softmax.softmax`)."""
+    packages = [name for name, path in modules().items() if path.name == "__init__.py"]
+    assert {"attn_lib", "attn_lib.core", "attn_lib.flash", "attn_lib.flash.triton", "attn_lib.checks"} <= set(packages)
+    shadowed = []
+    for name in packages:
+        package = importlib.import_module(name)
+        for info in pkgutil.iter_modules(package.__path__):  # lists submodules without importing them
+            attr = vars(package).get(info.name)
+            if attr is not None and attr is not sys.modules.get(f"{name}.{info.name}"):
+                shadowed.append(f"{name}.{info.name} is {type(attr).__name__}")
+    assert shadowed == []
     assert importlib.import_module("attn_lib.core.softmax").softmax is attn_lib.softmax
     assert importlib.import_module("attn_lib.core.online").online_softmax is attn_lib.online_softmax
 
@@ -219,34 +248,73 @@ def test_the_dot_precision_rule():
 
 
 def test_the_gpu_kernel_door_refuses_float64_and_head_dims_over_256():
-    from attn_lib.checks import check_triton_inputs
+    from attn_lib.checks.flash import check_triton_inputs
 
-    ok = torch.zeros(1, 1, 2, 256)
-    assert check_triton_inputs(ok, ok, ok) is None  # 256 is the largest head dim it takes
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert check_triton_inputs(dtype, 256, 256) is None  # 256 is the largest head dim it takes
     with pytest.raises(TypeError, match=r"^the Triton kernel takes float16, bfloat16 or float32; for float64 use "
-                                        r"backend='torch' \(got q\.dtype=torch\.float64\)$"):
-        check_triton_inputs(ok.double(), ok.double(), ok.double())
-    wide = torch.zeros(1, 1, 2, 257)
+                                        r"backend='torch' \(got torch\.float64\)$"):
+        check_triton_inputs(torch.float64, 4, 4)
     with pytest.raises(ValueError, match=r"^the Triton kernel supports head dims up to 256, got D=257, Dv=256; "
                                          r"use backend='torch'$"):
-        check_triton_inputs(wide, wide, ok)
+        check_triton_inputs(torch.float32, 257, 256)
     with pytest.raises(ValueError, match=r"got D=256, Dv=257; use backend='torch'$"):
-        check_triton_inputs(ok, ok, wide)
+        check_triton_inputs(torch.float32, 256, 257)
 
 
 def test_the_gpu_kernel_door_refuses_cpu_tensors_unless_interpreted():
-    from attn_lib.checks import check_triton_device
+    from attn_lib.checks.flash import check_triton_device
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    assert check_triton_device(torch.zeros(1), True) is None  # the interpreter runs on CPU tensors
-    with FakeTensorMode():  # a stand-in CUDA tensor, no GPU needed
-        on_gpu = torch.empty(1, device="cuda")
-    assert check_triton_device(on_gpu, False) is None  # compiled kernels take CUDA tensors
+    assert check_triton_device(torch.device("cpu"), True) is None  # the interpreter runs on CPU tensors
+    assert check_triton_device(torch.device("cuda"), False) is None  # compiled kernels take CUDA tensors
+    assert check_triton_device("cuda:0", False) is None  # a device given by name
     for x in (torch.zeros(1), torch.zeros(1, device="meta")):
         with pytest.raises(ValueError, match=(
                 rf"^backend='triton' got tensors on {x.device}, but Triton in this process compiles GPU kernels \(a CUDA "
                 r"device is present\); expected CUDA tensors\. Remedy: move q, k, v \(and the mask\) to 'cuda', use "
                 r"backend='torch', or start Python with TRITON_INTERPRET=1 to run the kernel under Triton's "
                 r"interpreter\.$")):
-            check_triton_device(x, False)
+            check_triton_device(x.device, False)
+
+
+# --- a window side wider than any sequence limits nothing, on every path that takes window_size ----------------
+
+WIDE = [((2**64, 0), True), ((2**64, -1), True), ((2**64, 2**64), False), ((-1, 2**63 + 1), False)]
+
+
+@pytest.mark.parametrize("window,is_causal", WIDE, ids=["causal left 2**64", "causal left 2**64, right -1",
+                                                        "both 2**64", "right beyond int64"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_window_wider_than_the_sequence_gives_the_unbounded_answer(backend, window, is_causal):
+    """The same answer as no window at all, against torch's SDPA in float64 (top-left causal, as attn_lib's
+    default); forward and gradients, functions and the tiled / Triton entries alike."""
+    q, k, v = _qkv(L=5, S=6)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = torch.nn.functional.scaled_dot_product_attention(q64, k64, v64, is_causal=is_causal)  # (B,H,L,Dv)
+    dout = torch.randn(expected.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    grads64 = torch.autograd.grad(expected, (q64, k64, v64), dout)
+    forward = attn_lib.flash_attention_torch if backend == "torch" else attn_lib.flash_attention_triton
+    got = {"attention": attn_lib.attention(q, k, v, is_causal=is_causal, window_size=window)[0],
+           "flash_attention": attn_lib.flash_attention(q, k, v, is_causal=is_causal, window_size=window, backend=backend),
+           forward.__name__: forward(q, k, v, is_causal=is_causal, window_size=window)[0]}
+    for name, out in got.items():
+        assert_close(out, expected, dtype=torch.float32, what=f"{name}, window {window}")
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    out = attn_lib.flash_attention(qg, kg, vg, is_causal=is_causal, window_size=window, backend=backend)
+    grads = torch.autograd.grad(out, (qg, kg, vg), dout.float())
+    for name, g, e in zip("qkv", grads, grads64):
+        assert_close(g, e, dtype=torch.float32, kind="gradient", what=f"d{name}, window {window}")
+
+
+@pytest.mark.parametrize("window,is_causal", WIDE)
+def test_a_wide_window_mask_and_layer_are_the_unbounded_ones(window, is_causal):
+    L, S = 5, 7
+    everything = torch.ones(L, S, dtype=torch.bool)
+    for align, diagonal in (("top-left", 0), ("bottom-right", S - L)):
+        expected = everything.tril(diagonal) if is_causal else everything  # query i sees keys j <= i + diagonal
+        got = attn_lib.sliding_window_mask(L, S, window_size=window, is_causal=is_causal, align=align)
+        assert torch.equal(got, expected), (window, align)
+    layer = seed_weights(attn_lib.MultiHeadAttention(8, 2, is_causal=is_causal, window_size=window)).double()
+    x = randn64(2, 6, 8)
+    with torch.no_grad():
+        assert_close(layer(x), mha_reference64(layer, x), dtype="float64", what=f"layer, window {window}")
