@@ -183,8 +183,9 @@ class MultiHeadAttention(nn.Module):
                 last ``left`` positions (``KVCache.seen`` counts all). ``mask`` then covers the
                 ``len(kv_cache) + S`` keys attended, the stored ones and the new ones: absolute
                 positions ``kv_cache.start`` .. ``kv_cache.seen + S - 1``. A step of at most 16 new
-                queries with no mask and no scores (causal, or one query; with a window, one
-                query) runs ``attn_lib.flash_decoding``'s core: the split-KV decode path.
+                queries with no mask and no scores (with a window: one that hides none of the
+                keys the step attends, e.g. one query over a rolling cache) runs
+                ``attn_lib.flash_decoding``'s core: the split-KV decode path.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).
