@@ -8,7 +8,7 @@
 ``MultiHeadAttention`` is the fused version: ONE (3C, C) parameter for the three
 projections of all heads. ``LoopedMultiHeadAttention`` is the teaching version with H
 separate small projections per head and a Python loop over heads; the two compute the same
-thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/test_multihead.py asserts.
+thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/layers/test_multihead_looped.py asserts.
 Both have 4C² + 4C parameters (with bias) for every H, the same as a single head of width C.
 
 Grouped-query attention (GQA, Llama 2 70B, Llama 3, Mistral): ``num_kv_heads=H_kv`` < H
