@@ -8,14 +8,14 @@ The same holds for ``bench/cpu.py --backward`` (``bench/results/cpu_backward.jso
 ``attn_lib/data/cpu_backward_bench.json``, read by chapter 09). After re-running a benchmark,
 copy the file: ``cp bench/results/cpu.json attn_lib/data/cpu_bench.json`` or
 ``cp bench/results/cpu_backward.json attn_lib/data/cpu_backward_bench.json``
-(tests/test_colab_sim.py checks that each pair is identical). Chapter 13 reads the decode-step
+(tests/book/test_colab_sim.py checks that each pair is identical). Chapter 13 reads the decode-step
 table of ``bench/decode.py`` (``bench/results/cpu_decode.json``, shipped as
 ``attn_lib/data/cpu_decode_bench.json``: ``cp bench/results/cpu_decode.json attn_lib/data/cpu_decode_bench.json``).
 
 ``attn_lib/data/seed_study.json`` is the result of ``attn_lib.models.seed_study.seed_study()`` (20
 trainings of chapter 10's tiny model), written by ``scripts/make_seed_study.py``; chapters 10
 and 11 read it with ``load_seed_study`` instead of training for minutes, and
-``tests/book/test_seed_study.py`` recomputes it and checks the file equals the fresh result.
+``tests/book/test_packaged_seed_study.py`` recomputes it and checks the file equals the fresh result.
 """
 from __future__ import annotations
 

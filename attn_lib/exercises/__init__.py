@@ -2,7 +2,7 @@
 
 Each chapter registers its exercises in its own module ``chNN.py`` in this package (found
 automatically). A notebook's exercise leaves ``answer = None`` for the reader; the hidden
-cell after it calls ``check``. tests/test_exercises.py asserts that every registered
+cell after it calls ``check``. tests/book/test_exercises.py asserts that every registered
 reference answer passes and that a wrong answer fails.
 """
 from __future__ import annotations

@@ -150,7 +150,10 @@ class KVCache:
         self.keys, self.values, self._owner, self.seen = state
 
     def __getstate__(self):
-        return {"keys": self.keys, "values": self.values, "seen": self.seen}  # the owner is a layer, not data
+        # the owner is a layer, not data; so is the autograd history of keys cached in grad mode
+        # (copy.deepcopy refuses a tensor that is not a graph leaf)
+        keys, values = (None if t is None else t.detach() for t in (self.keys, self.values))
+        return {"keys": keys, "values": values, "seen": self.seen}
 
     def __setstate__(self, state):
         self.keys, self.values, self.seen = state["keys"], state["values"], state["seen"]

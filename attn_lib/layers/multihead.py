@@ -8,7 +8,7 @@
 ``MultiHeadAttention`` is the fused version: ONE (3C, C) parameter for the three
 projections of all heads. ``LoopedMultiHeadAttention`` is the teaching version with H
 separate small projections per head and a Python loop over heads; the two compute the same
-thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/test_multihead.py asserts.
+thing（"矩阵内积再拼接等同于拼接矩阵再内积"），which tests/layers/test_multihead_looped.py asserts.
 Both have 4C² + 4C parameters (with bias) for every H, the same as a single head of width C.
 
 Grouped-query attention (GQA, Llama 2 70B, Llama 3, Mistral): ``num_kv_heads=H_kv`` < H
@@ -183,8 +183,9 @@ class MultiHeadAttention(nn.Module):
                 last ``left`` positions (``KVCache.seen`` counts all). ``mask`` then covers the
                 ``len(kv_cache) + S`` keys attended, the stored ones and the new ones: absolute
                 positions ``kv_cache.start`` .. ``kv_cache.seen + S - 1``. A step of at most 16 new
-                queries with no mask and no scores (causal, or one query; with a window, one
-                query) runs ``attn_lib.flash_decoding``'s core: the split-KV decode path.
+                queries with no mask and no scores (with a window: one that hides none of the
+                keys the step attends, e.g. one query over a rolling cache) runs
+                ``attn_lib.flash_decoding``'s core: the split-KV decode path.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).

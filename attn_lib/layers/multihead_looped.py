@@ -1,7 +1,7 @@
 """第 7 章（多头注意力，教学版）：每个头各有自己的小投影矩阵，用 Python 循环一个头一个头地算。
 
 ``LoopedMultiHeadAttention`` computes exactly what ``attn_lib.layers.multihead.MultiHeadAttention``
-computes (tests/unit/test_multihead.py asserts it), with H separate ``nn.Linear(C, D)`` for the
+computes (tests/layers/test_multihead_looped.py asserts it), with H separate ``nn.Linear(C, D)`` for the
 queries and H_kv for the keys and for the values instead of one fused matrix. With
 grouped-query attention (``num_kv_heads=H_kv``) the loop shows the sharing in plain sight:
 query head h reads key/value head ``h // (H / H_kv)``. It lives beside ``multihead.py`` to keep

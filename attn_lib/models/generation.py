@@ -9,7 +9,7 @@
 Without the cache every step reruns the whole sequence so far: L = S = t queries and keys at
 step t, t² query·key products per head and layer, against t with the cache, which holds
 2·B·H_kv·t·D numbers per layer instead. Both give the same logits up to rounding, hence the
-same tokens (tests/unit/test_generate.py). ``trace=`` records, per step, the counts taken
+same tokens (tests/models/test_generation.py). ``trace=`` records, per step, the counts taken
 from the tensors of that step. ``generate`` checks its arguments once, at its door
 (``attn_lib.checks.lm.check_generate_call``), and runs the model's unchecked forward
 (``TinyLM._run``) at every step.

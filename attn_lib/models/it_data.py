@@ -17,7 +17,7 @@ word order.
 
 The held-out split uses *frames* (place × existence verb × connector) never seen in training;
 every word of a held-out frame does occur in training, in other combinations. Train and test
-sentences are therefore disjoint, and so are their frames (tests/test_positions_cache.py).
+sentences are therefore disjoint, and so are their frames (tests/models/test_it_data.py).
 Sentences are lists of tokens (words), one token per vocabulary entry; no tokenizer needed.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ That is 20 trainings: minutes on 2 cores. ``scripts/make_seed_study.py`` runs it
 thread (set by the script: the study itself changes no process-wide setting, and with 2
 threads the float64 sums may differ in the last bits) and writes the rounded result to
 ``attn_lib/data/seed_study.json``, which ships with the package; chapters 10 and 11 read it
-with ``attn_lib.data.tables.load_seed_study()``. ``tests/book/test_seed_study.py`` recomputes it and checks that the
+with ``attn_lib.data.tables.load_seed_study()``. ``tests/book/test_packaged_seed_study.py`` recomputes it and checks that the
 shipped file equals the fresh result.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ def _texts(fig):
 
 
 def _check_readable(fig):
-    assert fig.get_size_inches()[0] <= MAX_WIDTH_IN + 1e-9
+    assert fig.get_size_inches()[0] <= MAX_WIDTH_IN
     texts = _texts(fig)
     assert texts, "the diagram has no text"
     small = [(t.get_text(), t.get_fontsize()) for t in texts if t.get_fontsize() < MIN_FONT_PT]

@@ -1,4 +1,4 @@
-"""attn_lib.models.seed_study: chapter 10's seed study, on a small data set (the full one is tests/book/test_seed_study.py)."""
+"""attn_lib.models.seed_study: chapter 10's seed study, on a small data set (the full one is tests/book/test_packaged_seed_study.py)."""
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
-"""SelfAttention: x -> three projections -> attention; causal parallel == sequential."""
+"""attn_lib.layers.self_attention: x -> three projections -> attention, against hand-written projections and
+attn_lib.attention; causal parallel == sequential; windows; the parameter count and the printed form."""
 import math
 
 import torch
@@ -7,6 +8,8 @@ import attn_lib
 from attn_lib import SelfAttention
 from attn_lib.core import worked_example as we
 from attn_lib.tolerances import assert_close
+
+from attn_paths import DISTINGUISHABLE, visible_band
 
 
 def test_matches_hand_written_projections(rng):
@@ -63,7 +66,7 @@ def test_causal_parallel_equals_sequential(rng):
         assert_close(full[:, t], step[:, t], dtype=torch.float64, what=f"step {t}")
     # without the mask, the early rows see the future and differ
     layer.is_causal = False
-    assert not torch.allclose(layer(x)[:, 0], full[:, 0])
+    assert (layer(x)[:, 0] - full[:, 0]).abs().max() > DISTINGUISHABLE
 
 
 def test_mask_3d_and_causal_combined(rng):
@@ -80,3 +83,34 @@ def test_mask_3d_and_causal_combined(rng):
 def test_parameter_count():
     assert attn_lib.count_parameters(SelfAttention(8)) == 3 * 8 * 8
     assert attn_lib.count_parameters(SelfAttention(8, 4, 2, bias=True)) == 8 * 4 * 2 + 8 * 2 + 4 * 2 + 2
+
+
+def test_a_window_hides_the_keys_outside_it():
+    torch.manual_seed(0)
+    layer = SelfAttention(8, window_size=(1, 0), is_causal=True).double()
+    x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    with torch.no_grad():
+        out, scores = layer(x, need_weights=True)  # (B,L,d_v), (B,L,L)
+    band = visible_band(6, 6, True, (1, 0))  # (L,S) from the definition
+    assert torch.equal(scores > 0, band.expand(2, 6, 6))
+    q, k, v = layer.w_q(x), layer.w_k(x), layer.w_v(x)
+    logits = (q @ k.transpose(-2, -1) / 8 ** 0.5).masked_fill(~band, float("-inf"))
+    assert_close(out, torch.softmax(logits, -1) @ v, dtype=torch.float64, what="windowed self-attention")
+    assert "window_size=(1, 0)" in repr(layer)
+
+
+def test_either_alignment_gives_the_same_self_attention():
+    """L = S: top-left and bottom-right put the causal rule and the window on the same diagonal."""
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    layers = []
+    for align in ("top-left", "bottom-right"):
+        torch.manual_seed(3)
+        layers.append(SelfAttention(8, is_causal=True, window_size=(2, 0), align=align).double())
+    with torch.no_grad():
+        assert torch.equal(layers[0](x), layers[1](x))
+
+
+def test_repr_names_sizes_and_a_non_default_backend():
+    single = repr(SelfAttention(6, 4, 2, backend="torch"))
+    assert "d_model=6, d_k=4, d_v=2, is_causal=False, backend='torch'\n" in single
+    assert "backend" not in repr(SelfAttention(6))

@@ -43,8 +43,8 @@ def test_diagram_fits_a_phone_and_speaks_chinese(name):
         box = fig.bbox
         for t in texts:
             ext = t.get_window_extent(renderer)
-            assert ext.x0 >= box.x0 - 1 and ext.x1 <= box.x1 + 1, f"{t.get_text()!r} sticks out sideways"
-            assert ext.y0 >= box.y0 - 1 and ext.y1 <= box.y1 + 1, f"{t.get_text()!r} sticks out vertically"
+            assert ext.x0 >= box.x0 and ext.x1 <= box.x1, f"{t.get_text()!r} sticks out sideways"
+            assert ext.y0 >= box.y0 and ext.y1 <= box.y1, f"{t.get_text()!r} sticks out vertically"
     finally:
         plt.close(fig)
 

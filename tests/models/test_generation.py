@@ -1,10 +1,12 @@
-"""Generation (attn_lib.generate): with and without the KV cache, greedy and seeded sampling.
+"""attn_lib.models.generation (attn_lib.generate): with and without the KV cache, greedy and seeded sampling.
 
 The model is chapter 13's, trained for a few steps only (its logits are far from uniform, so
-ties cannot hide a difference); over reruns and thread counts: test_tiny_lm.py; bad input:
+ties cannot hide a difference); over reruns and thread counts: tests/models/test_tiny_lm.py; bad input:
 tests/contracts/test_bad_input.py.
 """
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -114,3 +116,13 @@ def test_generate_leaves_the_model_unchanged(model):
     generate(model, _prompt(), 3, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert not model.training and torch.is_grad_enabled()  # no_grad only inside generate
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])
+def test_a_vanishing_temperature_in_float32_samples_the_argmax(model, temperature):
+    """logits / T overflows for a tiny T (inf / inf = nan in a plain softmax): the draw still takes the argmax."""
+    small = copy.deepcopy(model).float()
+    ids = _prompt(2)
+    cold = generate(small, ids, 8, temperature=temperature, generator=torch.Generator().manual_seed(7))
+    greedy = generate(small, ids, 8)
+    assert torch.equal(cold, greedy) and torch.equal(greedy, _uncached_greedy(small, ids, 8))

@@ -1,4 +1,4 @@
-"""KV-cache bytes of real configurations (attn_lib.costs.kv_memory): every expected value is hand
+"""attn_lib.costs.kv_memory: KV-cache bytes of real configurations: every expected value is hand
 arithmetic from the formula 2 (K and V) * layers * kv_heads * head_dim * stored_tokens * bytes,
 written out here, never taken from the module."""
 import pytest

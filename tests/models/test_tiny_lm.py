@@ -1,7 +1,7 @@
-"""Chapter 13's corpus (attn_lib.models.lm_data) and tiny causal language model (attn_lib.models.tiny_lm).
+"""attn_lib.models.tiny_lm: chapter 13's tiny causal language model.
 
-The model is trained once for the module (chapter 13's experiment, one thread, about 15 s);
-generation with and without the cache: test_generate.py; bad input:
+The model is trained once for the module (chapter 13's experiment, one thread, about 15 s); the corpus:
+test_lm_data.py; generation with and without the cache: test_generation.py; bad input:
 tests/contracts/test_bad_input.py.
 """
 from __future__ import annotations
@@ -9,16 +9,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import Counter
 
 import pytest
 import torch
 
 from attn_lib import KVCache, generate
-from attn_lib.models import it_data
 from attn_lib.models import lm_data
 from attn_lib.models import tiny_lm
 from attn_lib.tolerances import assert_close
+
+from attn_paths import DISTINGUISHABLE
+
+PROMPT = ["<bos>", "桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
 
 
 @pytest.fixture(scope="module")
@@ -34,101 +36,6 @@ def experiment():
 def _ids(B=2, L=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, len(lm_data.VOCAB), (B, L), generator=g)  # (B,L)
-
-
-# --- the corpus ----------------------------------------------------------------------------------
-
-def test_splits_use_disjoint_frames_and_are_deterministic():
-    train, test = lm_data.make_split("train", 3000), lm_data.make_split("test", 500)
-    assert len({s.tokens for s in train}) == 3000 and len({s.tokens for s in test}) == 500
-    assert {s.frame for s in train} == set(it_data.TRAIN_FRAMES)
-    assert {s.frame for s in test} == set(it_data.HELD_OUT_FRAMES)
-    assert lm_data.make_split("test", 40) == test[:40]
-    train_words = {t for s in train for t in s.tokens}
-    assert {t for s in test for t in s.tokens} <= train_words  # held-out frames recombine seen words
-    assert set(lm_data.MEASURE_WORDS.values()) <= train_words
-    with_measure = sum(any(t in lm_data.MEASURE_WORDS.values() for t in s.tokens) for s in train) / len(train)
-    assert 0.4 < with_measure < 0.6
-
-
-def test_sentences_read_as_chapter_10s_templates():
-    for s in lm_data.make_split("train", 500):
-        assert s.tokens[0] == lm_data.BOS and s.tokens[-1] == "。"
-        place, exist = s.tokens[1], s.tokens[2]
-        assert (place, exist) == s.frame[:2] and s.frame[2] in s.tokens
-        objects = [t for t in s.tokens if t in it_data.CLASS_OF]
-        assert tuple(objects[:2]) == s.objects and len(objects) == 2 + s.distractor
-        for i, t in enumerate(s.tokens):  # a measure word always stands right before its own object
-            if t in set(lm_data.MEASURE_WORDS.values()):
-                assert lm_data.MEASURE_WORDS[s.tokens[i + 1]] == t
-        it = s.tokens.index("它")
-        assert s.tokens[it + (2 if s.form == "被" else 1)] == s.verb
-        assert lm_data.fits(s.verb, s.objects)
-        if s.distractor:  # the third object never fits 它's verb
-            assert not lm_data.fits(s.verb, objects[2:])
-
-
-def test_prompts_are_held_out_sentence_starts():
-    prompts = lm_data.completion_prompts("test", 300)
-    train_prefixes = {s.tokens[:k] for s in lm_data.make_split("train", 3000) for k in range(1, len(s.tokens) + 1)}
-    assert len({p.tokens for p in prompts}) == 300
-    assert 0.35 < sum(p.distractor for p in prompts) / 300 < 0.65
-    for p in prompts:
-        assert p.tokens[0] == lm_data.BOS and p.tokens[-2:] == ("它", "被")
-        assert tuple(t for t in p.tokens if t in it_data.CLASS_OF)[:2] == p.objects
-        assert (p.tokens[1], p.tokens[2]) in {f[:2] for f in it_data.HELD_OUT_FRAMES}
-        assert p.tokens not in train_prefixes  # a prompt the model never read
-    assert prompts[0].text == "".join(prompts[0].tokens[1:])
-    assert lm_data.completion_prompts("test", 10) == prompts[:10]
-
-
-def test_prompt_roles_mark_the_objects_the_distractor_and_the_last_two_tokens():
-    for p in lm_data.completion_prompts("test", 200):
-        roles = lm_data.prompt_roles(p)
-        assert len(roles) == len(p.tokens) and roles[-2:] == ["it", "bei"]
-        assert tuple(t for t, r in zip(p.tokens, roles) if r == "object") == p.objects
-        measure = [t for t, r in zip(p.tokens, roles) if r == "measure_word"]
-        assert measure in ([], [lm_data.MEASURE_WORDS[o] for o in p.objects])
-        distractor = [t for t, r in zip(p.tokens, roles) if r == "distractor"]
-        assert len(distractor) == (2 + bool(measure) if p.distractor else 0)
-        if p.distractor:  # its verb fits its own object, not the listed ones
-            verb, obj = distractor[0], distractor[-1]
-            assert lm_data.fits(verb, [obj]) and not lm_data.fits(verb, p.objects)
-        assert set(roles) <= set(lm_data.PROMPT_ROLES)
-
-
-def test_tokenize_splits_every_sentence_into_its_words():
-    for s in lm_data.make_split("train", 1000) + lm_data.make_split("test", 300):
-        assert lm_data.tokenize(s.text) == list(s.tokens[1:])
-    assert lm_data.tokenize("桌上有一杯水和一本书，它被") == ["桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
-    assert lm_data.tokenize("") == []
-    ids = lm_data.encode_text("桌上有一杯水和一本书，它被")
-    assert ids.dtype == torch.int64 and lm_data.decode(ids) == ["<bos>", *lm_data.tokenize("桌上有一杯水和一本书，它被")]
-
-
-def test_encode_decode_and_fits():
-    tokens = ["<bos>", "桌上", "有", "一杯", "水", "和", "一本", "书", "，", "它", "被"]
-    ids = lm_data.encode_tokens(tokens)
-    assert lm_data.decode(ids) == tokens == lm_data.decode(torch.tensor(ids))
-    assert len(set(lm_data.VOCAB)) == len(lm_data.VOCAB) and lm_data.VOCAB[:2] == ("<pad>", "<bos>")
-    data = lm_data.encode(lm_data.make_split("train", 5))
-    assert data["ids"].shape == (5, int(data["lengths"].max()))
-    assert (data["ids"][:, 0] == lm_data.BOS_ID).all()
-    assert lm_data.fits("打翻", ("水", "书")) and lm_data.fits("读完", ("水", "书"))
-    assert not lm_data.fits("关掉", ("水", "书")) and not lm_data.fits("了", ("水", "书"))
-    fitting = [v for v in lm_data.VERBS if lm_data.fits(v, ("水", "书"))]
-    assert sorted(fitting) == sorted(["打翻", "洒", "读完", "撕破"])
-
-
-def test_bigram_baseline_is_the_most_frequent_word_after_bei():
-    train = lm_data.make_split("train", 3000)
-    after = Counter(s.verb for s in train if s.form == "被")  # 被 is always followed by 它's verb
-    verb = lm_data.bigram_after(train)
-    assert after[verb] == max(after.values()) and verb in lm_data.VERBS
-    prompts = lm_data.completion_prompts("test", 500)
-    _, rate = tiny_lm.baseline_rate(train, prompts)
-    assert rate == sum(lm_data.fits(verb, p.objects) for p in prompts) / 500
-    assert 0.4 < rate < 0.6  # the verb's class is one of the two listed classes about half of the time
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -160,7 +67,19 @@ def test_a_later_token_does_not_change_earlier_logits():
     changed[:, 6:] = (changed[:, 6:] + 5) % len(lm_data.VOCAB)
     a, b = model(ids), model(changed)
     assert_close(a[:, :6], b[:, :6], dtype="float64")
-    assert (a[:, 6:] - b[:, 6:]).abs().max() > 1e-3  # the changed positions do change
+    assert (a[:, 6:] - b[:, 6:]).abs().max() > DISTINGUISHABLE  # the changed positions do change
+
+
+def test_a_block_is_the_pre_norm_residual_sum_of_its_parts():
+    model = tiny_lm.build_lm(seed=3)
+    block = model.blocks[0]
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        got, scores = block(x)
+        h = x + block.attn(block.norm1(x))
+        want = h + block.mlp.down(torch.nn.functional.gelu(block.mlp.up(block.norm2(h))))
+    assert scores is None
+    assert_close(got, want, dtype="float64")
 
 
 def test_chunks_with_caches_equal_one_forward():
@@ -184,6 +103,84 @@ def test_a_bad_cache_leaves_every_cache_as_it_was():
         with pytest.raises(ValueError, match="kv_cache already serves another layer"):
             model(_ids(1, 1), [caches[0], foreign])
     assert [c.seen for c in caches] == [3, 3]  # block 0's cache did not grow before block 1 refused
+
+
+def _fail_in_block_2(model, monkeypatch, how):
+    """Make the second block's attention fail in the next forward (after block 1 stored its keys).
+
+    Returns the error it raises, its message and a function that repairs the block.
+    """
+    attn = model.blocks[1].attn
+    if how == "raises":
+        def broken(*args):
+            raise RuntimeError("block 2 failed")
+
+        monkeypatch.setattr(attn, "_forward", broken)
+        return RuntimeError, "block 2 failed", monkeypatch.undo
+    saved = attn.qkv.weight.detach().clone()
+    with torch.no_grad():
+        attn.qkv.weight.mul_(1e160)  # q·k ~ 1e320: beyond float64
+    return ValueError, "attention scores overflowed", lambda: attn.qkv.weight.data.copy_(saved)
+
+
+@pytest.mark.parametrize("how", ["raises", "overflows"])
+def test_a_forward_that_fails_in_block_2_leaves_every_cache_as_it_was(how, monkeypatch):
+    model = tiny_lm.build_lm(seed=4)
+    ids = _ids(2, 8, seed=4)
+    caches = [KVCache() for _ in model.blocks]
+    with torch.no_grad():
+        model(ids[:, :5], caches)
+        before = [(c.keys, c.values, c.seen, c.keys.clone(), c.values.clone()) for c in caches]
+        error, message, repair = _fail_in_block_2(model, monkeypatch, how)
+        with pytest.raises(error, match=message):
+            model(ids[:, 5:7], caches)
+        for c, (keys, values, seen, k_copy, v_copy) in zip(caches, before):
+            assert c.keys is keys and c.values is values and c.seen == seen == 5  # block 1's store was undone
+            assert torch.equal(c.keys, k_copy) and torch.equal(c.values, v_copy)
+            assert c.owner is not None
+        repair()
+        retry = model(ids[:, 5:7], caches)  # the same input again, now that block 2 works
+        full = model(ids[:, :7])
+    assert_close(retry, full[:, 5:7], dtype="float64")
+    assert [c.seen for c in caches] == [7, 7]
+
+
+def test_baseline_rate_is_the_bigram_verbs_rate():
+    train = lm_data.make_split("train", 3000)
+    prompts = lm_data.completion_prompts("test", 500)
+    verb, rate = tiny_lm.baseline_rate(train, prompts)
+    assert verb == lm_data.bigram_after(train, "被")
+    assert rate == sum(lm_data.fits(verb, p.objects) for p in prompts) / 500
+    assert 0.4 < rate < 0.6  # the verb's class is one of the two listed classes about half of the time
+
+
+# --- bfloat16 autocast --------------------------------------------------------------------------------
+
+def test_generation_under_bfloat16_autocast_keeps_a_bfloat16_cache_and_the_same_tokens():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = tiny_lm.build_lm(seed=0)
+        tiny_lm.train_lm(model, lm_data.encode(lm_data.make_split("train", 500)), steps=30)
+    finally:
+        torch.set_num_threads(before)
+    model = model.float()
+    ids = torch.tensor([lm_data.encode_tokens(PROMPT)] * 2)  # (B,L)
+    L, N = ids.shape[1], 8
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cached = generate(model, ids, N)
+        plain = generate(model, ids, N, kv_cache=False)
+    assert torch.equal(cached, plain)
+    caches = [KVCache() for _ in model.blocks]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        steps = [model(cached[:, :L], caches)[:, -1]] + [model(cached[:, t - 1:t], caches)[:, -1]
+                                                          for t in range(L + 1, L + N)]
+        full = model(cached[:, :-1])[:, L - 1:]  # (B,N,V): the logits that chose each new token
+    steps = torch.stack(steps, dim=1)  # (B,N,V)
+    assert steps.dtype == full.dtype == torch.bfloat16
+    assert all(c.keys.dtype == c.values.dtype == torch.bfloat16 for c in caches)
+    assert_close(steps, full, dtype=torch.bfloat16, what="cached logits under autocast")
+    assert torch.equal(steps.argmax(-1), cached[:, L:])
 
 
 # --- training and evaluation --------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Bytes and FLOPs of a decode step (attn_lib.costs.decode_cost): every expected value is literal
+"""attn_lib.costs.decode_cost: bytes and FLOPs of a decode step: every expected value is literal
 arithmetic written out here, never taken from the module."""
 import pytest
 
 from attn_lib.costs import decode_cost
 from attn_lib.costs.decode_cost import GPUS, GpuSpec, StepCost, decode_step_cost, prefill_cost
+from attn_lib.tolerances import assert_close
 
 
 def test_datasheet_figures():
@@ -24,7 +25,7 @@ def test_datasheet_figures():
     ("H200 SXM", 989.5 / 4.8),      # 206.15
 ])
 def test_balance_points(name, expected):
-    assert GPUS[name].balance_point == pytest.approx(expected, rel=1e-12)
+    assert_close(GPUS[name].balance_point, expected, dtype="float64", what=name)
 
 
 def test_balance_points_rounded():
@@ -40,10 +41,10 @@ def test_the_issue_s_decode_step_in_fp16():
     assert c.q_bytes == 1 * 32 * 1 * 128 * 2 == 8192
     assert c.out_bytes == 8192
     assert c.bytes == 67_108_864 + 8192 + 8192
-    assert c.intensity == pytest.approx(268_435_456 / 67_125_248, rel=1e-12)  # just under 4 = 2 G / 2 bytes
+    assert_close(c.intensity, 268_435_456 / 67_125_248, dtype="float64")  # just under 4 = 2 G / 2 bytes
     memory_s, compute_s = c.seconds(GPUS["H100 SXM"])
-    assert memory_s == pytest.approx(67_125_248 / 3.35e12, rel=1e-12)  # about 20 microseconds
-    assert compute_s == pytest.approx(268_435_456 / 989.5e12, rel=1e-12)  # about 0.27 microseconds
+    assert_close(memory_s, 67_125_248 / 3.35e12, dtype="float64")  # about 20 microseconds
+    assert_close(compute_s, 268_435_456 / 989.5e12, dtype="float64")  # about 0.27 microseconds
 
 
 def test_reading_the_cache_per_query_head_reads_it_group_times():
@@ -66,7 +67,7 @@ def test_mha_decode_intensity_is_about_one_flop_per_byte():
     c = decode_step_cost(1, 1, 1, 1000, 64)
     assert c.flops == 2 * 1000 * 128 == 256_000
     assert c.bytes == 1000 * 128 * 2 + 64 * 2 + 64 * 2 == 256_256
-    assert c.intensity == pytest.approx(256_000 / 256_256)
+    assert_close(c.intensity, 256_000 / 256_256, dtype="float64")
 
 
 def test_prefill_by_hand():
