@@ -165,7 +165,7 @@ def _split_partials(q, k, v, bounds, settings: DecodeSettings):
             hide = torch.arange(s0, s1, device=dev) > last  # (n,) vs (BK|1,1,L,1) -> (BK|1,1,L,n)
             s.view(BK, G, L, s1 - s0).masked_fill_(hide, float("-inf"))  # (BK,G,L,n)
         torch.amax(s, -1, keepdim=True, out=m[p])  # (BK,G*L,1)
-        shift = torch.where(torch.isneginf(m[p]), 0.0, m[p]) if masked else m[p]  # no key seen: shift by 0
+        shift = torch.where(torch.isneginf(m[p]), 0.0, m[p])  # no key seen, or every score fell to -inf: shift by 0
         e = s.sub_(shift).exp_()  # (BK,G*L,n), in place
         torch.sum(e, -1, keepdim=True, out=total[p])  # (BK,G*L,1)
         vc = v[:, :, s0:s1].to(work)  # (B,H_kv,n,Dv)

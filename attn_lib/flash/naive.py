@@ -11,7 +11,7 @@ import torch
 
 from ..checks.doors import check_naive_call
 from ..rules.numerics import overflow_error
-from ..rules.settings import AttentionSettings, Options
+from ..rules.settings import AttentionSettings, Options, rows_with_keys
 
 
 def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_mask=None,
@@ -27,7 +27,7 @@ def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         (plain autograd through the full matrix; a row that sees no key gets zero gradients).
 
     Raises:
-        ValueError: a score overflows to +inf in q's dtype.
+        ValueError: a score overflows to +inf in q's dtype, or every score a row sees falls to -inf.
         TypeError: ``scale`` is a tensor that requires grad (not differentiable).
     """
     settings = check_naive_call(q, k, v, Options(is_causal=is_causal, scale=scale, key_mask=key_mask, align=align))
@@ -44,8 +44,10 @@ def naive_core(q, k, v, settings: AttentionSettings):
         scores.masked_fill_(~settings.key_mask[:, None, None, :], float("-inf"))  # (B,H,L,S)
     if settings.check_overflow and S:
         row_max = scores.detach().amax(-1)  # (B,H,L,S) -> (B,H,L); -inf for a row that sees no key
-        if bool((torch.isposinf(row_max) | torch.isnan(row_max)).any()):
-            raise overflow_error(q.dtype)
+        up = torch.isposinf(row_max) | torch.isnan(row_max)  # (B,H,L)
+        down = torch.isneginf(row_max) & rows_with_keys(L, S, settings, q.device)  # (B,H,L): every visible score -inf
+        if bool((up | down).any()):
+            raise overflow_error(q.dtype, "+inf" if bool(up.any()) else "-inf")
     probs = torch.softmax(scores, dim=-1, dtype=settings.work_dtype)  # (B,H,L,S) proportions
     if settings.key_mask is not None or not settings.band.full:
         # A query that sees no key: zeros, as attn_lib.softmax. Out of place, so that softmax's

@@ -176,3 +176,31 @@ def test_a_row_that_sees_no_key_never_overflowed(value):
 def test_finite_and_empty_lse_are_quiet():
     raise_if_overflowed(torch.randn(2, 3, 4), 4, 5, settings_for(band=Band(None, 0)))
     raise_if_overflowed(torch.zeros(2, 3, 0), 0, 5, settings_for())
+
+
+# --- rows_with_keys with key masks that leave rows, whole sequences or single keys present ---
+L5, S6 = 5, 6
+KEY_MASKS = {
+    "none": None,
+    "some": torch.tensor([[True, False, True, True, False, False], [False] * 3 + [True] * 3]),
+    "all absent": torch.zeros(2, S6, dtype=torch.bool),
+    "one per row": torch.tensor([[False, False, True, False, False, False], [True] + [False] * 5]),
+}
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("offset", [-4, -1, 0, 2])
+@pytest.mark.parametrize("padding", list(KEY_MASKS))
+def test_rows_with_keys_says_which_queries_see_a_present_key(is_causal, offset, padding):
+    key_mask = KEY_MASKS[padding]
+    settings = AttentionSettings(band=Band.resolve(L5, S6, is_causal=is_causal, offset=offset), scale=1.0,
+                                 work_dtype=torch.float32, key_mask=key_mask)
+    got = rows_with_keys(L5, S6, settings, "cpu")
+    B = 1 if key_mask is None else 2
+    want = torch.tensor([[[any((key_mask is None or bool(key_mask[b, j])) and (not is_causal or j <= i + offset)
+                           for j in range(S6)) for i in range(L5)]] for b in range(B)])  # (B,1,L), by a loop
+    assert got.shape == want.shape and torch.equal(got, want)
+    if key_mask is not None:
+        empty = AttentionSettings(band=Band.resolve(L5, 0, is_causal=is_causal, offset=offset), scale=1.0,
+                                  work_dtype=torch.float32, key_mask=key_mask[:, :0])
+        assert torch.equal(rows_with_keys(L5, 0, empty, "cpu"), torch.zeros(B, 1, L5, dtype=torch.bool))
