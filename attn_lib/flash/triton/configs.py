@@ -20,7 +20,7 @@ INTERPRET_BLOCK = 32  # numpy on the CPU: one program per 32 rows keeps the padd
 
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
-    return 1 << max(0, (n - 1).bit_length())
+    return 1 << max(0, n - 1).bit_length()
 
 
 SMEM_BUDGET = 96 * 1024  # bytes; fits A100 (164 KB) and H100/H200 (227 KB) with room for Triton's own buffers
