@@ -46,7 +46,7 @@ _DKDV_CANDIDATES = {
 # forward needed at most elem·4·max(BLOCK_M, BLOCK_N)·BLOCK_D bytes and the backward kernels
 # elem·5·resident·BLOCK_D (resident: BLOCK_N for dK/dV, BLOCK_M for dQ), with elem = 2 for
 # fp16 and 3 for bf16 (its dots run in fp32 there); fp32 (not measured) is taken as 4.
-# ``_smem_bytes_pre_sm80`` is that upper bound; tests/kernels/test_flash_triton.py pins the numbers.
+# ``_smem_bytes_pre_sm80`` is that upper bound; tests/flash/triton/test_configs.py pins the numbers.
 SMEM_BUDGET_PRE_SM80 = 64 * 1024
 _PRE_SM80_CANDIDATES = {
     "fwd": [(128, 64, 1), (64, 64, 1), (64, 32, 1), (32, 32, 1), (16, 16, 1)],
