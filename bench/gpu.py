@@ -45,7 +45,8 @@ Chapter 12, the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
   enable_gqa=True)`` (``sdpa_gqa``). FLOPs as above with H = the query heads.
 Both call ``attn_lib.flash.autograd.flash_core`` with settings from ``check_flash_call``
 (``backend="triton"``, ``check_finite=False``; forward under ``torch.no_grad()``, forward+backward
-through autograd), after a correctness check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
+through autograd), after a correctness check against the float64 reference. Results:
+``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
 
 Chapter 13, one decode step (FlashDecoding, ``attn_lib/flash/triton/decode.py``):
 
@@ -102,7 +103,7 @@ WINDOW_SIZES = (2048, 4096, 8192, 16384)
 QUICK_SUITE_SIZES = (1024, 4096)
 GQA_SHAPE = (32, 8, 128)  # H, H_kv, D
 RESULTS_SUITES = {"window": Path(__file__).resolve().parent / "results" / "gpu_window.json",
-              "gqa": Path(__file__).resolve().parent / "results" / "gpu_gqa.json"}
+                  "gqa": Path(__file__).resolve().parent / "results" / "gpu_gqa.json"}
 
 def attention_flops(B: int, H: int, L: int, S: int, D: int, causal: bool = False, mode: str = "fwd") -> float:
     """注意力的浮点运算次数：前向 QKᵀ 和 PV 两次矩阵乘各 2·B·H·L·S·D；反向是前向的 2.5 倍；因果时只算一半。
