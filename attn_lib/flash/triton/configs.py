@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ...checks.values import check_choice
 from ...rules.band import Band
 from ...rules.names import MAX_HEAD_DIM
 
@@ -19,7 +20,7 @@ INTERPRET_BLOCK = 32  # numpy on the CPU: one program per 32 rows keeps the padd
 
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1)."""
-    return 1 << max(0, (n - 1).bit_length())
+    return 1 << max(0, n - 1).bit_length()
 
 
 SMEM_BUDGET = 96 * 1024  # bytes; fits A100 (164 KB) and H100/H200 (227 KB) with room for Triton's own buffers
@@ -45,7 +46,7 @@ _DKDV_CANDIDATES = {
 # forward needed at most elem·4·max(BLOCK_M, BLOCK_N)·BLOCK_D bytes and the backward kernels
 # elem·5·resident·BLOCK_D (resident: BLOCK_N for dK/dV, BLOCK_M for dQ), with elem = 2 for
 # fp16 and 3 for bf16 (its dots run in fp32 there); fp32 (not measured) is taken as 4.
-# ``_smem_bytes_pre_sm80`` is that upper bound; tests/kernels/test_flash_triton.py pins the numbers.
+# ``_smem_bytes_pre_sm80`` is that upper bound; tests/flash/triton/test_configs.py pins the numbers.
 SMEM_BUDGET_PRE_SM80 = 64 * 1024
 _PRE_SM80_CANDIDATES = {
     "fwd": [(128, 64, 1), (64, 64, 1), (64, 32, 1), (32, 32, 1), (16, 16, 1)],
@@ -94,6 +95,7 @@ def candidate_configs(D: int, Dv: int, dtype: torch.dtype, interpret: bool, *, k
     Returns:
         A non-empty list of dicts with BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV, num_warps, num_stages.
     """
+    check_choice("kind", kind, _KINDS)
     block_d, block_dv = max(16, next_pow2(D)), max(16, next_pow2(Dv))
     elem = 4 if dtype == torch.float32 else 2
     pre_sm80 = capability is not None and tuple(capability) < (8, 0)
