@@ -23,7 +23,7 @@ from ..rules.names import FLASH_BACKENDS
 from ..rules.numerics import resolve_scale, work_dtype
 from ..rules.settings import AttentionSettings, Options
 from .flash import check_block, check_counter, check_key_mask, check_no_grad_needed, check_saved, check_triton
-from .flash import triton_available
+from ..rules.names import triton_available
 from .tensors import check_attention_inputs
 from .values import check_align, check_bool, check_choice, check_window_size
 

@@ -1,12 +1,11 @@
 """第 8、9、13 章（书中不单独讲）：分块路径和 Triton 路径多出来的检查——键掩码、反向要的张量、块大小、计数器、Triton 能否运行。"""
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
 
-from ..rules.names import MAX_HEAD_DIM, TRITON_ENV
+from ..rules.names import MAX_HEAD_DIM, TRITON_ENV, triton_available
 from .tensors import check_on_q_device, check_tensor
 from .values import check_positive_int
 
@@ -90,11 +89,6 @@ def check_counter(counter) -> None:
     if not (callable(getattr(counter, "load", None)) and callable(getattr(counter, "store", None))):
         raise TypeError(f"counter must be None or have methods load(name, n) and store(name, n), got "
                         f"{type(counter).__name__}; e.g. counter=attn_lib.IOCounter()")
-
-
-def triton_available() -> bool:
-    """本机能否导入 Triton（只查找，不导入）。"""
-    return importlib.util.find_spec("triton") is not None
 
 
 def check_triton_installed() -> None:

@@ -65,8 +65,11 @@ def _positions(positions, B: int, L: int, device) -> torch.Tensor:
                 f"positions must hold integers (token indices), got dtype {positions.dtype}; "
                 "use torch.arange(L) or positions.long()"
             )
+        biggest = 0  # read where the positions are (a meta tensor has no values to read); Python ints, so -2**63 fits
+        if positions.numel() and positions.device.type != "meta":
+            low, high = (int(x) for x in torch.stack([positions.min(), positions.max()]).tolist())
+            biggest = max(abs(low), abs(high))
         pos = positions.to(device=device, dtype=torch.int64)
-        biggest = int(pos.abs().max()) if pos.numel() else 0
     else:
         if isinstance(positions, (str, bytes, bytearray, numbers.Number)) or not hasattr(positions, "__iter__"):
             raise TypeError(f"positions must be a 1-D sequence of L ints or an int tensor, got {positions!r}")

@@ -30,8 +30,8 @@ def check_rank(name: str, x: Any, rank: int, layout: str) -> None:
         )
 
 
-def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool = False,
-                     gqa_keyword: bool = True) -> tuple[int, int, int, int, int, int]:
+def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool = False, gqa_keyword: bool = True,
+                     names: tuple = ("q", "k", "v")) -> tuple[int, int, int, int, int, int]:
     """检查 q (B,H,L,D)、k (B,H_kv,S,D)、v (B,H_kv,S,Dv) 的形状是否相容，返回 (B, H, L, S, D, Dv)。
 
     Args:
@@ -40,52 +40,54 @@ def check_qkv_shapes(q: Any, k: Any, v: Any, *, enable_gqa: bool = False,
             attention); False (the default) needs H_kv = H (already checked to be a bool).
         gqa_keyword: False when the caller has no ``enable_gqa`` keyword (the remedy then
             names ``attn_lib.attention``).
+        names: the three arguments' names for the messages (``flash_decoding``: q, k_cache, v_cache).
 
     Returns:
         ``(B, H, L, S, D, Dv)`` as ints (H: q's heads).
     """
-    check_rank("q", q, 4, "(B, H, L, D)")
-    check_rank("k", k, 4, "(B, H, S, D)")
-    check_rank("v", v, 4, "(B, H, S, Dv)")
+    qn, kn, vn = names
+    check_rank(qn, q, 4, "(B, H, L, D)")
+    check_rank(kn, k, 4, "(B, H, S, D)")
+    check_rank(vn, v, 4, "(B, H, S, Dv)")
     B, H, L, D = _shape(q)
     Bk, Hk, S, Dk = _shape(k)
     Bv, Hv, Sv, Dv = _shape(v)
     if Bk != B or Bv != B or Hv != Hk:
         raise ValueError(
-            "q, k and v must share batch and head sizes (B, H): "
-            f"q has {(B, H)}, k has {(Bk, Hk)}, v has {(Bv, Hv)}."
+            f"{qn}, {kn} and {vn} must share batch and head sizes (B, H): "
+            f"{qn} has {(B, H)}, {kn} has {(Bk, Hk)}, {vn} has {(Bv, Hv)}."
         )
-    _check_kv_heads(H, Hk, enable_gqa if gqa_keyword else None)
+    _check_kv_heads(H, Hk, enable_gqa if gqa_keyword else None, kn)
     if Dk != D:
         raise ValueError(
-            f"q and k must have the same head dim D (last axis): q has D={D}, k has D={Dk}. "
+            f"{qn} and {kn} must have the same head dim D (last axis): {qn} has D={D}, {kn} has D={Dk}. "
             "Every query is compared with every key by a dot product, so their lengths must match."
         )
     if Sv != S:
         raise ValueError(
-            f"k and v must have the same number of keys S (axis 2): k has S={S}, v has S={Sv}. "
+            f"{kn} and {vn} must have the same number of keys S (axis 2): {kn} has S={S}, {vn} has S={Sv}. "
             "Each key needs exactly one value."
         )
     if D == 0:
-        raise ValueError("q and k have head dim D=0; attention needs D >= 1.")
+        raise ValueError(f"{qn} and {kn} have head dim D=0; attention needs D >= 1.")
     return B, H, L, S, D, Dv
 
 
-def _check_kv_heads(H: int, Hk: int, enable_gqa) -> None:
+def _check_kv_heads(H: int, Hk: int, enable_gqa, kn: str = "k") -> None:
     """GQA 的头数规则：H_kv 必须整除 H；H_kv != H 还要 enable_gqa=True。"""
     if Hk == H:
         return
     if Hk == 0 or H < Hk or H % Hk:
         divisors = [d for d in range(1, H + 1) if H % d == 0] or [1]
         raise ValueError(
-            f"k must have a number of heads H_kv that divides q's H={H} (query head h uses key/value head "
+            f"{kn} must have a number of heads H_kv that divides q's H={H} (query head h uses key/value head "
             f"h // (H // H_kv)), got H_kv={Hk}; use one of {divisors} key/value heads"
         )
     if enable_gqa is None:
-        raise ValueError(f"k must have H={H} heads like q, got H_kv={Hk}; this function has no enable_gqa: "
+        raise ValueError(f"{kn} must have H={H} heads like q, got H_kv={Hk}; this function has no enable_gqa: "
                          "use attn_lib.attention(q, k, v, enable_gqa=True) for grouped-query attention")
     if not enable_gqa:
-        raise ValueError(f"k must have H={H} heads like q, got H_kv={Hk}; pass enable_gqa=True to share each "
+        raise ValueError(f"{kn} must have H={H} heads like q, got H_kv={Hk}; pass enable_gqa=True to share each "
                          f"key/value head among H // H_kv = {H // Hk} query heads (grouped-query attention)")
 
 

@@ -163,7 +163,8 @@ def check_mask(mask: Any, target: tuple, device, *, check_finite: bool, name: st
         raise ValueError(f"an additive float {name} may contain -inf (hidden) but not nan or +inf")
 
 
-def check_attention_inputs(q, k, v, mask, options, *, refuse_3d_mask: bool = False, gqa_keyword: bool = True):
+def check_attention_inputs(q, k, v, mask, options, *, refuse_3d_mask: bool = False, gqa_keyword: bool = True,
+                           names: tuple = ("q", "k", "v")):
     """检查 attention 的全部输入（q、k、v、mask，以及 options 里的 scale、check_finite、enable_gqa），返回 (B, H, L, S, D, Dv) 和规范化后的 scale。
 
     Args:
@@ -177,19 +178,20 @@ def check_attention_inputs(q, k, v, mask, options, *, refuse_3d_mask: bool = Fal
         refuse_3d_mask: refuse a 3-D mask (ambiguous: (B, L, S) or (H, L, S)).
         gqa_keyword: False when the caller has no ``enable_gqa`` keyword (``enable_gqa`` is then
             not read).
+        names: the three arguments' names for the messages.
 
     Returns:
         ``((B, H, L, S, D, Dv), scale)`` with ``scale`` a float or None.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in zip(names, (q, k, v)):
         check_float_tensor(name, t, twin="attention")
-    check_same_dtype(("q", "k", "v"), (q.dtype, k.dtype, v.dtype))
-    check_same_device(("q", "k", "v"), (q, k, v))
+    check_same_dtype(names, (q.dtype, k.dtype, v.dtype))
+    check_same_device(names, (q, k, v))
     gqa = check_bool("enable_gqa", options.enable_gqa) if gqa_keyword else False
-    dims = check_qkv_shapes(q, k, v, enable_gqa=gqa, gqa_keyword=gqa_keyword)
+    dims = check_qkv_shapes(q, k, v, enable_gqa=gqa, gqa_keyword=gqa_keyword, names=names)
     B, H, L, S, _, _ = dims
     if check_bool("check_finite", options.check_finite):
-        for name, t in (("q", q), ("k", k), ("v", v)):
+        for name, t in zip(names, (q, k, v)):
             check_all_finite(name, t)
     if mask is not None:
         if refuse_3d_mask:

@@ -37,9 +37,13 @@ def softmax(x: np.ndarray, dim: int = -1) -> np.ndarray:
     Returns:
         Array of ``x``'s shape and dtype (float16 is computed in float32).
     """
-    dim = check_softmax_array(x, dim)
+    return _softmax(x, check_softmax_array(x, dim))
+
+
+def _softmax(x: np.ndarray, dim: int) -> np.ndarray:
+    """softmax without checks (dim a normalised axis)."""
     if x.ndim == 0:  # a single score is a row of length 1: 1, or 0 if it is -inf
-        return softmax(x.reshape(1)).reshape(())  # () -> (1,) -> ()
+        return _softmax(x.reshape(1), 0).reshape(())  # () -> (1,) -> ()
     if x.shape[dim] == 0:
         return x.copy()
     work = x.astype(work_dtype(x.dtype))  # float16 -> float32
@@ -61,8 +65,11 @@ def causal_mask(L: int, S: int | None = None) -> np.ndarray:
         Bool array of shape (L, S).
     """
     L = check_int("L", L, 0)
-    S = L if S is None else check_int("S", S, 0)
-    return np.tril(np.ones((L, S), dtype=bool))  # (L,S)
+    return _causal(L, L if S is None else check_int("S", S, 0))
+
+
+def _causal(L: int, S: int) -> np.ndarray:
+    return np.tril(np.ones((L, S), dtype=bool))  # (L,S) lower triangle incl. the diagonal
 
 
 def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
@@ -92,12 +99,12 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
     if mask is not None and mask.dtype != bool:
         visible = np.isfinite(mask)  # an additive -inf hides the key
     if is_causal:
-        visible = visible & causal_mask(L, S)  # (...,L,S)
+        visible = visible & _causal(L, S)  # (...,L,S)
     logits = np.where(visible, logits, -np.inf)  # (B,H,L,S), hidden -> -inf
     to = _overflowed(raw, logits, visible) if logits.size else None
     if to is not None:
         raise overflow_error(logits.dtype, to)
-    scores = softmax(logits, dim=-1)  # (B,H,L,S)
+    scores = _softmax(logits, logits.ndim - 1)  # (B,H,L,S)
     out = scores @ vw  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
     return out.astype(q.dtype), scores.astype(q.dtype)
 

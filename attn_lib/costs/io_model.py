@@ -134,7 +134,7 @@ def tiled_block_sizes(d: int, M: int) -> tuple[int, int]:
 
 
 def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, is_causal: bool = False,
-                       dv: int | None = None, key_padding_mask: bool = False) -> dict:
+                       dv: int | None = None, key_mask: bool = False) -> dict:
     """本书分块实现（查询块在外层，与 Triton 核函数同一顺序）对慢速显存的读写次数，单位：元素。
 
     For each query block ``[m0, m1)``: load Q_i once; stream the key blocks that some query
@@ -148,7 +148,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, is
         d: head dim of q and k; ``dv``: of v (default ``d``).
         block_m, block_n: block sizes.
         is_causal: only keys ``<= query index`` are visible.
-        key_padding_mask: whether a (B, S) mask is read as well.
+        key_mask: whether a (B, S) key mask is read as well (the tiled paths' ``key_mask``).
 
     Returns:
         dict with ``reads``, ``writes``, ``total``, the breakdowns and ``n_query_blocks``.
@@ -164,7 +164,7 @@ def tiled_attention_io(L: int, S: int, d: int, block_m: int, block_n: int, *, is
         kv_keys += min(S, m1) if is_causal else S
         n_blocks += 1
     reads = {"Q": L * d, "K": kv_keys * d, "V": kv_keys * dv}
-    if key_padding_mask:
+    if key_mask:
         reads["mask"] = kv_keys
     writes = {"O": L * dv, "lse": L}
     out = _result(reads, writes)

@@ -29,12 +29,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..checks.flash import triton_available
 from ..core.reference import attention_core
 from ..flash.autograd import flash_core
 from ..flash.decoding import decode_core
 from ..rules.band import Band
-from ..rules.names import MAX_DECODE_QUERIES, MAX_HEAD_DIM
+from ..rules.names import MAX_DECODE_QUERIES, MAX_HEAD_DIM, triton_available
 from ..rules.numerics import autocast_off, overflow_error
 from ..rules.settings import AttentionSettings, DecodeSettings
 

@@ -131,11 +131,8 @@ def test_the_largest_exact_position_is_accepted():
 
 @pytest.mark.parametrize("positions", [
     [0, 1, 2],
-    pytest.param(torch.tensor([0, 1, 2]), marks=pytest.mark.xfail(
-        strict=True, reason="attn_lib/checks/sequences.py reads the range of a position tensor after moving it "
-                            "to x's device (a meta tensor cannot be read)")),
-    pytest.param(torch.tensor([[0, 1, 2], [5, 6, 7]], dtype=torch.int32), marks=pytest.mark.xfail(
-        strict=True, reason="as above")),
+    torch.tensor([0, 1, 2]),
+    torch.tensor([[0, 1, 2], [5, 6, 7]], dtype=torch.int32),
 ], ids=["list", "tensor (L,)", "int32 tensor (B, L)"])
 def test_apply_rotary_puts_the_positions_on_the_device_of_x(positions):
     meta = torch.device("meta")  # a device other than the CPU that every machine has

@@ -101,9 +101,6 @@ def test_every_functional_entry_enters_the_check_package_once(call):
         assert check_entries(call) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="numpy_ref.attention checks its arrays, then calls the public causal_mask (two "
-                                      "size checks) and softmax (a second scan of the logits): 4 entries; remove this "
-                                      "mark once it calls unchecked helpers")
 def test_the_numpy_twin_enters_the_check_package_once():
     q, k, v = Q.numpy(), K.numpy(), V.numpy()
     numpy_ref.attention(q, k, v, is_causal=True)
@@ -151,13 +148,7 @@ def test_a_layer_call_enters_the_check_package_once(Layer, backend):
             assert check_entries(call) == 1, what
 
 
-SECOND_LOOK = pytest.mark.xfail(strict=True, reason=(
-    "attn_lib.layers.dispatch.decode_backend asks attn_lib.checks.flash.triton_available() below the door "
-    "(a second entry) although the door already checked that Triton is installed; remove this mark once the "
-    "settings carry it"))
-
-
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=[needs_triton, SECOND_LOOK]) if b == "triton" else b
+@pytest.mark.parametrize("backend", [pytest.param(b, marks=[needs_triton]) if b == "triton" else b
                                      for b in BACKENDS])
 @pytest.mark.parametrize("Layer", CACHED, ids=lambda c: c.__name__)
 def test_a_cached_layer_call_enters_the_check_package_once(Layer, backend):

@@ -310,8 +310,6 @@ def test_overflow_to_minus_inf_is_an_overflow_too():
         layer(torch.full((1, 3, 4), 1e20))  # need_weights=False: the fused path must not return zeros
 
 
-@pytest.mark.xfail(strict=True, reason="numpy_ref.attention reports a downward overflow as 'to +inf' (it calls "
-                                      "overflow_error without the direction); remove this mark when it names -inf")
 def test_numpy_names_the_downward_overflow():
     q = np.full((1, 1, 3, 4), 1e20, dtype=np.float32)
     with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE) + " to -inf"):
