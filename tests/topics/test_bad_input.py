@@ -1022,7 +1022,7 @@ _READ_NAN = (r"^k_cache contains nan or inf in the positions the step reads \(ke
              r"it\.$")
 ROWS += [
     ("flash_decoding: H not divisible by H_kv", _decode(t(1, 6, 1, 4), t(1, 4, 5, 4), t(1, 4, 5, 4), enable_gqa=True),
-     ValueError, NOT_DIVIDING),
+     ValueError, NOT_DIVIDING.replace("^k ", "^k_cache ")),
     ("flash_decoding: enable_gqa None", _decode(_QD, _KD, _KD, enable_gqa=None), TypeError,
      r"^enable_gqa must be True or False, got None$"),
     ("flash_decoding: is_causal not bool", _decode(_QD, _KD, _KD, is_causal=1), TypeError,
