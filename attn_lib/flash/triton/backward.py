@@ -37,11 +37,11 @@ _LOG2E = tl.constexpr(LOG2E)
 
 @triton.jit
 def attn_bwd_preprocess(O, DO, Delta,  #
-                         stride_ob, stride_oh, stride_om, stride_od,  #
-                         stride_dob, stride_doh, stride_dom, stride_dod,  #
-                         H, L, HZ_START,  #
-                         DV: tl.constexpr, INT64: tl.constexpr,  #
-                         BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+                        stride_ob, stride_oh, stride_om, stride_od,  #
+                        stride_dob, stride_doh, stride_dom, stride_dod,  #
+                        H, L, HZ_START,  #
+                        DV: tl.constexpr, INT64: tl.constexpr,  #
+                        BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
     # D_i = rowsum(dO_i ∘ O_i): the one number per query that replaces the row of P in dS.
     start_m = tl.program_id(0)
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)
@@ -71,14 +71,14 @@ def _round_for_dot(x, dtype: tl.constexpr, DOT_FP32: tl.constexpr):
 
 @triton.jit
 def attn_bwd_dkdv_inner(dk, dv, k, v, key_ok,  #
-                         q_base, do_base, lse_base, delta_base,  #
-                         stride_qm, stride_qd, stride_dom, stride_dod,  #
-                         offs_n, offs_m0, offs_d, offs_dv,  #
-                         lo, hi, L, qk_scale, band_lo, band_hi,  #
-                         D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
-                         HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                         DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
-                         BLOCK_M: tl.constexpr):
+                        q_base, do_base, lse_base, delta_base,  #
+                        stride_qm, stride_qd, stride_dom, stride_dod,  #
+                        offs_n, offs_m0, offs_d, offs_dv,  #
+                        lo, hi, L, qk_scale, band_lo, band_hi,  #
+                        D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
+                        HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                        DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
+                        BLOCK_M: tl.constexpr):
     # Query blocks lo .. hi stream past one key block. MASKED: the band's edges and the
     # ragged end of L; otherwise every query of every block sees every key of the block.
     for start_m in range(lo, hi, BLOCK_M):
@@ -131,14 +131,14 @@ def _keys_present(kpm_base, offs_n, S, stride_kpm_n, HAS_KPM: tl.constexpr):
 
 @triton.jit
 def attn_bwd_dq_inner(dq, q, do, lse2, delta,  #
-                       k_base, v_base, kpm_base,  #
-                       stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                       offs_m, offs_n0, offs_d, offs_dv,  #
-                       lo, hi, S, qk_scale, band_lo, band_hi,  #
-                       D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
-                       HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                       DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
-                       BLOCK_N: tl.constexpr):
+                      k_base, v_base, kpm_base,  #
+                      stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                      offs_m, offs_n0, offs_d, offs_dv,  #
+                      lo, hi, S, qk_scale, band_lo, band_hi,  #
+                      D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
+                      HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                      DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
+                      BLOCK_N: tl.constexpr):
     # Key blocks lo .. hi stream past one query block. MASKED: the band's edges and the
     # ragged end of S. (Rows past L need no mask: their lse is +inf, so P = 0.)
     for start_n in range(lo, hi, BLOCK_N):
@@ -199,19 +199,19 @@ def _query_range(start_n, L, S, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: 
 
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
-                   stride_qb, stride_qh, stride_qm, stride_qd,  #
-                   stride_kb, stride_kh, stride_kn, stride_kd,  #
-                   stride_vb, stride_vh, stride_vn, stride_vd,  #
-                   stride_dob, stride_doh, stride_dom, stride_dod,  #
-                   stride_dkb, stride_dkh, stride_dkn, stride_dkd,  #
-                   stride_dvb, stride_dvh, stride_dvn, stride_dvd,  #
-                   stride_kpm_b, stride_kpm_n,  #
-                   H, G, L, S, qk_scale, sm_scale, band_lo, band_hi, HZ_START,  #
-                   D: tl.constexpr, DV: tl.constexpr,  #
-                   HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                   DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
-                   SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                  stride_qb, stride_qh, stride_qm, stride_qd,  #
+                  stride_kb, stride_kh, stride_kn, stride_kd,  #
+                  stride_vb, stride_vh, stride_vn, stride_vd,  #
+                  stride_dob, stride_doh, stride_dom, stride_dod,  #
+                  stride_dkb, stride_dkh, stride_dkn, stride_dkd,  #
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd,  #
+                  stride_kpm_b, stride_kpm_n,  #
+                  H, G, L, S, qk_scale, sm_scale, band_lo, band_hi, HZ_START,  #
+                  D: tl.constexpr, DV: tl.constexpr,  #
+                  HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                  DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
+                  SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     # One program per key block of one key/value head (grid axis 1: B * H_kv): K_j, V_j, dK_j, dV_j
     # stay on chip; the query blocks of the G query heads sharing this head stream past.
     start_n = tl.program_id(0)
@@ -261,18 +261,18 @@ def attn_bwd_dkdv(Q, K, V, KPM, DO, LSE, Delta, DK, DVal,  #
 
 @triton.jit
 def attn_bwd_dq(Q, K, V, KPM, DO, LSE, Delta, DQ,  #
-                 stride_qb, stride_qh, stride_qm, stride_qd,  #
-                 stride_kb, stride_kh, stride_kn, stride_kd,  #
-                 stride_vb, stride_vh, stride_vn, stride_vd,  #
-                 stride_dob, stride_doh, stride_dom, stride_dod,  #
-                 stride_dqb, stride_dqh, stride_dqm, stride_dqd,  #
-                 stride_kpm_b, stride_kpm_n,  #
-                 H, G, L, S, qk_scale, sm_scale, band_lo, band_hi, HZ_START,  #
-                 D: tl.constexpr, DV: tl.constexpr,  #
-                 HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                 DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
-                 SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+                stride_qb, stride_qh, stride_qm, stride_qd,  #
+                stride_kb, stride_kh, stride_kn, stride_kd,  #
+                stride_vb, stride_vh, stride_vn, stride_vd,  #
+                stride_dob, stride_doh, stride_dom, stride_dod,  #
+                stride_dqb, stride_dqh, stride_dqm, stride_dqd,  #
+                stride_kpm_b, stride_kpm_n,  #
+                H, G, L, S, qk_scale, sm_scale, band_lo, band_hi, HZ_START,  #
+                D: tl.constexpr, DV: tl.constexpr,  #
+                HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,  #
+                SPLIT_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  #
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     # One program per query block of one query head: Q_i, dO_i, dQ_i stay on chip; key blocks stream past.
     start_m = tl.program_id(0)
     off_hz = (tl.program_id(1) + HZ_START).to(tl.int64)

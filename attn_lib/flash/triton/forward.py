@@ -80,14 +80,14 @@ def _in_band(visible, diff, band_lo, band_hi, HAS_LO: tl.constexpr, HAS_HI: tl.c
 
 @triton.jit
 def attn_fwd_inner(acc, l_i, m_i, q,  #
-                    k_base, v_base, kpm_base,  #
-                    stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
-                    offs_m, offs_n, offs_d, offs_dv,  #
-                    lo, hi, S, qk_scale, band_lo, band_hi,  #
-                    D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
-                    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
-                    DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
-                    BLOCK_N: tl.constexpr):
+                   k_base, v_base, kpm_base,  #
+                   stride_kn, stride_kd, stride_vn, stride_vd, stride_kpm_n,  #
+                   offs_m, offs_n, offs_d, offs_dv,  #
+                   lo, hi, S, qk_scale, band_lo, band_hi,  #
+                   D: tl.constexpr, DV: tl.constexpr, MASKED: tl.constexpr,  #
+                   HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, HAS_KPM: tl.constexpr,  #
+                   DOT_FP32: tl.constexpr, INPUT_PRECISION: tl.constexpr, SPLIT_SCALE: tl.constexpr,  #
+                   BLOCK_N: tl.constexpr):
     # Paper Algorithm 1, lines 6-12, for key blocks lo .. hi of one query block.
     for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n  # (BLOCK_N,) key indices
