@@ -21,8 +21,7 @@ import torch
 from ..rules.names import FLASH_BACKENDS
 from ..rules.numerics import resolve_scale, work_dtype
 from ..rules.settings import DecodeSettings, Options
-from .flash import check_no_grad_needed, check_triton
-from ..rules.names import triton_available
+from .flash import auto_backend, check_no_grad_needed, check_triton
 from .shapes import check_rank, check_same_device, check_same_dtype
 from .tensors import all_finite, check_all_finite, check_attention_inputs, check_float_tensor, check_on_q_device
 from .tensors import check_tensor
@@ -143,7 +142,7 @@ def check_decode_call(q, caches, new, options: Options, triton_mode) -> DecodeSe
     """
     backend = check_choice("backend", options.backend, FLASH_BACKENDS)
     if backend == "auto":
-        backend = "triton" if isinstance(q, torch.Tensor) and q.is_cuda and triton_available() else "torch"
+        backend = auto_backend(q, *caches)
     (B, H, L, S, D, Dv), scale = check_attention_inputs(q, *caches, None, dataclasses.replace(options, check_finite=False),
                                                         names=("q", "k_cache", "v_cache"))
     S_new = _check_new_keys(*new, caches, options.cache_seqlens)

@@ -16,14 +16,12 @@ working dtype, the key mask, the overflow check, the backend and any block sizes
 """
 from __future__ import annotations
 
-import torch
-
 from ..rules.band import Band
 from ..rules.names import FLASH_BACKENDS
 from ..rules.numerics import resolve_scale, work_dtype
 from ..rules.settings import AttentionSettings, Options
-from .flash import check_block, check_counter, check_key_mask, check_no_grad_needed, check_saved, check_triton
-from ..rules.names import triton_available
+from .flash import (auto_backend, check_block, check_counter, check_key_mask, check_no_grad_needed, check_saved,
+                    check_triton)
 from .tensors import check_attention_inputs
 from .values import check_align, check_bool, check_choice, check_window_size
 
@@ -70,14 +68,14 @@ def _checked_fast(q, k, v, options: Options, backend: str, triton_mode):
 
 
 def check_flash_call(q, k, v, options: Options, triton_mode) -> AttentionSettings:
-    """flash_attention 的门：选后端（auto：q 在 CUDA 上且有 Triton 时用 Triton，否则 torch 分块），再做那条路径的全部检查。
+    """flash_attention 的门：选后端（auto：q 在 CUDA 上、有 Triton、核函数收得下时用 Triton，否则 torch 分块），再做那条路径的全部检查。
 
     Args:
         triton_mode: ``attn_lib.device.triton_interprets`` (called only for the Triton backend).
     """
     backend = check_choice("backend", options.backend, FLASH_BACKENDS)
     if backend == "auto":
-        backend = "triton" if isinstance(q, torch.Tensor) and q.is_cuda and triton_available() else "torch"
+        backend = auto_backend(q, k, v)
     return _checked_fast(q, k, v, options, backend, triton_mode)[1]
 
 

@@ -91,6 +91,17 @@ def check_counter(counter) -> None:
                         f"{type(counter).__name__}; e.g. counter=attn_lib.IOCounter()")
 
 
+def auto_backend(q, k, v) -> str:
+    """backend="auto" 选哪条路径：q 在 CUDA 上、装了 Triton、核函数收得下（不是 float64，头维度不超过 256）时是 "triton"，否则 "torch"。
+
+    Looked at before any other check, so it reads shapes and dtypes only of tensors (anything else: "torch",
+    whose checks then say what is wrong).
+    """
+    tensors = all(isinstance(t, torch.Tensor) for t in (q, k, v))
+    fits = tensors and q.dtype != torch.float64 and max(q.shape[-1:] + v.shape[-1:], default=0) <= MAX_HEAD_DIM
+    return "triton" if fits and q.is_cuda and triton_available() else "torch"
+
+
 def check_triton_installed() -> None:
     """backend='triton' 需要 triton 包；没有就报 ImportError 并说怎么办。"""
     if not triton_available():
@@ -134,5 +145,5 @@ def check_triton(dtype, device, head_dims: tuple, triton_mode) -> bool:
     return interpret
 
 
-__all__ = ["check_key_mask", "check_no_grad_needed", "check_saved", "check_block", "check_counter",
+__all__ = ["auto_backend", "check_key_mask", "check_no_grad_needed", "check_saved", "check_block", "check_counter",
            "triton_available", "check_triton_installed", "check_triton_inputs", "check_triton_device", "check_triton"]

@@ -5,7 +5,7 @@
 Same semantics as ``torch.nn.functional.scaled_dot_product_attention`` (tested against it)
 with two additions: it also returns the post-softmax attention scores for plotting, and it
 accepts ``mask`` together with ``is_causal`` (the two are combined: a key is visible only if
-both allow it; torch refuses the combination). Grouped-query attention (``enable_gqa``, SDPA's
+both allow it; SDPA's documentation refuses the combination). Grouped-query attention (``enable_gqa``, SDPA's
 meaning) and sliding windows (``window_size``, flash-attn's meaning) are chapter 12's: k and v
 may have H_kv heads, and a band of diagonals (``attn_lib.rules.band``) joins the causal rule,
 the window and the alignment (``align``: "top-left" as SDPA's ``is_causal``, "bottom-right" as
@@ -45,7 +45,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=T
         scale: multiplies ``q @ kᵀ``; default ``1 / sqrt(D)``; must be a number > 0 (not a
             tensor that requires grad: scale is not differentiable).
         check_finite: scan q, k, v for nan / inf before, and the scores for overflow after
-            (default). ``False`` skips both (no host sync on CUDA); bad input then gives nan.
+            (default). ``False`` skips both checks and their host syncs on CUDA; bad input then gives nan.
         enable_gqa: SDPA's meaning: k, v have H_kv heads, H % H_kv == 0, and query head h
             uses key/value head ``h // (H // H_kv)`` (MQA: H_kv = 1).
         window_size: None or ``(left, right)``, flash-attn's meaning: query i sees key j iff

@@ -1,4 +1,4 @@
-"""第 1–8、11 章共用（主走查）：主走查的数据，全书唯一来源：「桌上有一杯水和一本书，它被打翻了」。
+"""第 1–9、11、12 章共用（主走查）：主走查的数据，全书唯一来源：「桌上有一杯水和一本书，它被打翻了」。
 
 The query of 「它」 and the keys and values of 水, 书, 打翻, exactly as the source chapter
 makes them up (4 numbers each, invented for the demonstration, not a real model's values).

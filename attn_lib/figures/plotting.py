@@ -1,4 +1,4 @@
-"""画图（各章共用；第 01–04、06–08、11 章）：注意力分数热力图、分数柱状图，以及中文字体（第 08 章的分块示意图在 plotting_flash.py）。
+"""画图（全书共用，第 1–13 章）：注意力分数热力图、分数柱状图，以及中文字体（第 08 章的分块示意图在 flash_steps.py）。
 
 Font: the font functions live in ``attn_lib.figures.fonts`` and are re-exported here
 (``find_chinese_font``, ``setup_chinese_font``): a system CJK font when there is one, else the

@@ -4,8 +4,9 @@
 window_size=..., align=...)``: grouped-query attention and sliding windows (chapter 12) on both
 paths, forward and backward.
 
-- ``backend="auto"``: the Triton kernels when q is on a CUDA device and Triton is
-  importable, otherwise the tiled torch path (``attn_lib.flash.tiled_forward``).
+- ``backend="auto"``: the Triton kernels when q is on a CUDA device, Triton is importable
+  and the kernels take the inputs (not float64, head dims up to 256), otherwise the tiled
+  torch path (``attn_lib.flash.tiled_forward``).
 - ``backend="torch"``: the tiled torch path on any device (forward ``attn_lib.flash.tiled_forward``,
   backward ``attn_lib.flash.tiled_backward``).
 - ``backend="triton"``: the Triton kernels (``attn_lib/flash/triton/forward.py`` forward,
@@ -117,10 +118,11 @@ def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = N
         key_mask: optional bool (B, S), True = key present (the same as
             ``attention(..., mask=key_mask[:, None, None, :])``; the opposite polarity of
             ``torch.nn.MultiheadAttention``'s ``key_padding_mask``, which marks padding).
-        backend: ``"auto"`` (Triton on CUDA when available, else torch), ``"torch"`` or
+        backend: ``"auto"`` (Triton on CUDA when Triton is installed and its kernels take the dtype
+            and head dims, else torch), ``"torch"`` or
             ``"triton"`` (on CPU tensors: Triton's interpreter, slow, for checking).
         check_finite: scan q, k, v for nan / inf before and the log-sum-exp for overflow
-            after (default). ``False`` skips both (no host sync); bad input then gives nan.
+            after (default). ``False`` skips both checks and their host syncs; bad input then gives nan.
 
     Returns:
         Output of shape (B, H, L, Dv) in q's dtype; a query that sees no key gets zeros.

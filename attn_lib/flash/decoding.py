@@ -56,15 +56,20 @@ def flash_decoding(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, i
         k, v: None, or new keys and values (B, H_kv, S_new, D) / (B, H_kv, S_new, Dv), written
             into ``k_cache`` / ``v_cache`` in place at positions ``cache_seqlens[b] ..`` (which
             must then be given) and attended too; ``cache_seqlens`` is not advanced (add S_new
-            yourself, as with flash-attn).
+            yourself, as with flash-attn). A call that raises after the write puts the old
+            contents of those slots back.
         cache_seqlens: None (every entry uses all S_max keys) or an integer tensor (B,) on q's
-            device: entry b holds keys 0 .. cache_seqlens[b] - 1 (0 gives zeros).
+            device (an int is refused): entry b holds keys 0 .. cache_seqlens[b] - 1 (0 with no
+            new k, v gives zeros).
         is_causal: False (default, as flash-attn's ``causal``): each of the L queries sees every
-            key attended; True: query i sees keys up to n_b' - L + i (the same for L = 1).
+            key attended; True: query i sees keys up to cache_seqlens[b] + S_new - L + i (the same
+            for L = 1).
         scale: multiplies q·k; default 1 / sqrt(D). enable_gqa: as SDPA's.
         num_splits: None or 0 (``choose_num_splits`` for B·H_kv, S_max and q's device; 0 is
-            flash-attn's spelling), or an int >= 1; more splits than key blocks are cut to one per block.
-        backend: ``"auto"`` (Triton on CUDA when Triton is importable, else torch), ``"torch"``
+            flash-attn's spelling), or an int >= 1; more splits than key blocks (of
+            ``attn_lib.flash.splits.DECODE_BLOCK_N`` = 128 keys) are cut to one per block.
+        backend: ``"auto"`` (Triton on CUDA when Triton is importable and takes the dtype and head
+            dims, else torch), ``"torch"``
             (the tiled split path, any device, float64 too) or ``"triton"`` (the split and merge
             kernels of ``attn_lib/flash/triton/decode.py``; on CPU tensors under Triton's interpreter).
 
@@ -72,25 +77,34 @@ def flash_decoding(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, i
         out (B, H, L, Dv) in q's dtype (a row that sees no key: zeros).
 
     Raises:
-        ValueError: q, k or v requires grad (forward only); a score overflows; bad input.
+        ValueError: q, k_cache, v_cache, k or v requires grad (forward only); a score overflows; bad input.
         TypeError: a wrong type (see ``attn_lib.checks.decoding``).
     """
     options = Options(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, backend=backend,
                       cache_seqlens=cache_seqlens, num_splits=num_splits)
     settings = check_decode_call(q, (k_cache, v_cache), (k, v), options, triton_interprets)
-    if k is not None:
-        _append(k_cache, v_cache, (k, v), settings.seqlens - k.shape[2])
-    with autocast_off(q.device):
-        return decode_core(q, k_cache, v_cache, settings)
+    written = None if k is None else _append(k_cache, v_cache, (k, v), settings.seqlens - k.shape[2])
+    try:
+        with autocast_off(q.device):
+            return decode_core(q, k_cache, v_cache, settings)
+    except BaseException:
+        if written is not None:  # a step that raised (an overflow, say) leaves the caches as they were
+            _append(k_cache, v_cache, written, settings.seqlens - k.shape[2])
+        raise
 
 
 @torch.no_grad()
-def _append(k_cache, v_cache, new, starts) -> None:
-    """Write the new keys and values (B, H_kv, S_new, ·) into the caches at positions starts[b] .. (in place)."""
+def _append(k_cache, v_cache, new, starts):
+    """Write the new keys and values (B, H_kv, S_new, ·) into the caches at positions starts[b] .. (in place);
+    return what those slots held before."""
+    old = []
     for cache, x in zip((k_cache, v_cache), new):
         B, Hkv, S_new, X = x.shape
         pos = starts.to(device=x.device, dtype=torch.long)[:, None] + torch.arange(S_new, device=x.device)  # (B,S_new)
-        cache.scatter_(2, pos[:, None, :, None].expand(B, Hkv, S_new, X), x)  # (B,H_kv,S_max,X)
+        index = pos[:, None, :, None].expand(B, Hkv, S_new, X)  # (B,H_kv,S_new,X)
+        old.append(cache.gather(2, index))  # (B,H_kv,S_new,X)
+        cache.scatter_(2, index, x)  # (B,H_kv,S_max,X)
+    return tuple(old)
 
 
 def decode_core(q, k, v, settings: DecodeSettings):
@@ -103,7 +117,7 @@ def decode_core(q, k, v, settings: DecodeSettings):
             check_overflow (raise where a row that sees a key got a non-finite result: one
             reduction, one host sync).
     """
-    (B, H, L, D), (Hkv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
+    (B, H, L, _), (Hkv, S), Dv = q.shape, k.shape[1:3], v.shape[3]
     splits = settings.num_splits or num_splits_for(B * Hkv, S, device_workers(q.device))
     if q.numel() == 0 or S == 0 or Dv == 0:
         return q.new_zeros(B, H, L, Dv)  # (B,H,L,Dv): no query, or no key to see

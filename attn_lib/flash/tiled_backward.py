@@ -1,6 +1,7 @@
 """第 9 章（分块 FlashAttention 的反向，纯 torch，任何设备）：由保存的 log-sum-exp 一块块重算 P，求 dq、dk、dv，不存 L×S 矩阵。
 
-FlashAttention-2's backward, named as in the paper and the Triton tutorial:
+FlashAttention-2's backward, with the paper's symbols and the Triton tutorial's names (without their
+leading underscore):
 ``attn_bwd_preprocess`` computes D_i = rowsum(dO_i ∘ O_i), then for each key block
 ``attn_bwd_dkdv`` recomputes P_ij = exp(S_ij − lse_i) from the saved log-sum-exp and
 accumulates dV_j, dK_j (and dQ_i, which on a GPU is the separate ``attn_bwd_dq`` pass)::

@@ -251,7 +251,7 @@ def _tile_weights(qk, m_old, l_old, state: _BlockState, bounded: bool):
 
 
 def _accumulate(acc_i, p, V_n, alpha, rows: tuple, state: _BlockState) -> None:
-    """acc_i[r0:r1] = acc_i[r0:r1]·alpha + p V_n（rows = (r0, r1, 全部行数)；alpha 为 None 时不缩放；第一块直接写入）。"""
+    """acc_i[r0:r1] = acc_i[r0:r1]·alpha + p V_n（rows = (r0, r1, rows_all)；alpha 为 None 时不缩放；第一块直接写入）。"""
     r0, r1, rows_all = rows
     if r1 - r0 == rows_all and not state.started:  # the first block: acc = P V, nothing to rescale or zero first
         torch.bmm(p, V_n, out=acc_i)  # (BK,rows,bn) @ (BK,bn,Dv) -> (BK,rows,Dv)

@@ -57,7 +57,7 @@ def _with_band(mask, keep):
 
 
 def decode_backend(q, k, mask, settings: AttentionSettings, need_weights: bool):
-    """这一步能否交给 flash_decoding（结果与层要算的完全相同）：能就返回 ("torch" 或 "triton", 是否因果)，不能返回 None。
+    """这一步能否交给 flash_decoding（结果与层要算的完全相同）：能就返回 (backend, is_causal)，backend 是 "torch" 或 "triton"，不能返回 None。
 
     flash_decoding's rule is: with ``is_causal`` query i sees key j iff ``j <= S - L + i``, without
     it every key. That is the layer's step when its band is one of these two (a window changes
@@ -145,7 +145,7 @@ def _sdpa(q, k, v, mask, settings: AttentionSettings):
         mask = mask.to(dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=settings.scale, is_causal=is_causal,
                                          enable_gqa=k.shape[1] != q.shape[1])  # (B,H,L,Dv)
-    if mask is not None:  # rows that see no key: zeros (torch leaves nan there)
+    if mask is not None:  # rows that see no key: zeros (torch before 2.5 gave nan there)
         dead = ~mask.any(-1, keepdim=True) if mask.dtype == torch.bool else \
             torch.isneginf(mask).all(-1, keepdim=True)  # (..,L or 1,1)
         if bool(dead.any()):

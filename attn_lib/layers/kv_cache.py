@@ -1,4 +1,4 @@
-"""第 10 章（KV 缓存）：逐字生成时把算过的键和值存下来，下一步只算新字。
+"""第 10、12、13 章（KV 缓存）：逐字生成时把算过的键和值存下来，下一步只算新字。
 
 Generating token by token, step t needs the keys and values of positions 0 .. t. They do not
 change once computed (causal attention: an earlier position never sees a later one), so a
@@ -61,11 +61,11 @@ class KVCache:
     size, number of heads, head dims, dtype and device as the first one (a clear error
     otherwise). ``reset()`` empties it (and frees it for another layer or batch).
 
-    A layer uses four methods: ``joined`` (the stored keys and values followed by new ones, the
-    cache unchanged), ``store`` (keep a result, once the whole call has succeeded), and
-    ``state`` / ``restore`` (a model whose later block fails puts every cache back). A pickled
-    cache (``pickle``, ``torch.save``, ``copy.deepcopy``) keeps its keys, values and ``seen`` but not its owner (a layer is
-    not part of a cache's data): the first layer to use the loaded copy owns it.
+    A layer uses two methods: ``joined`` (the stored keys and values followed by new ones, the
+    cache unchanged) and ``store`` (keep a result, once the whole call has succeeded); a model
+    uses ``state`` / ``restore`` (a model whose later block fails puts every cache back). A
+    pickled cache (``pickle``, ``torch.save``) keeps its keys, values and ``seen`` but not its
+    owner (a layer is not part of a cache's data): the first layer to use the loaded copy owns it.
     """
 
     def __init__(self):

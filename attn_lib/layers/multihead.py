@@ -1,4 +1,4 @@
-"""第 7、10 章（多头注意力）：每个头通过自己的投影看全部输入；投影之后的 C 维切成 H 段（每头 D = C / H），各算一遍注意力再拼回来。
+"""第 7、10、12 章（多头注意力）：每个头通过自己的投影看全部输入；投影之后的 C 维切成 H 段（每头 D = C / H），各算一遍注意力再拼回来。
 
     qkv = x W_qkv            one (B, L, C) @ (C, 3C) matrix multiplication, then split
     q, k, v -> (B, H, L, D)  split the last axis into H heads of D
@@ -117,7 +117,7 @@ class MultiHeadAttention(nn.Module):
             ``"reference"`` (always the reference path), ``"sdpa"``, or the tiled FlashAttention
             paths ``"torch"`` / ``"triton"`` (key padding masks only, no scores).
         check_finite: scan the inputs for nan / inf and the output for overflow (default);
-            ``False`` skips these reductions (no host sync on CUDA).
+            ``False`` skips these checks and their host syncs on CUDA.
 
     Parameters: ``qkv`` (nn.Linear C → C + 2·H_kv·D, rows ordered [W_q; W_k; W_v]; with
     H_kv = H that is 3C, as ``torch.nn.MultiheadAttention.in_proj_weight``) and ``out_proj``
@@ -185,7 +185,9 @@ class MultiHeadAttention(nn.Module):
                 positions ``kv_cache.start`` .. ``kv_cache.seen + S - 1``. A step of at most 16 new
                 queries with no mask and no scores (with a window: one that hides none of the
                 keys the step attends, e.g. one query over a rolling cache) runs
-                ``attn_lib.flash_decoding``'s core: the split-KV decode path.
+                ``attn_lib.flash_decoding``'s core, the split-KV decode path, when autograd need not
+                follow it (under ``torch.no_grad()``, or nothing requires grad) and the backend is not
+                ``"reference"`` (nor ``"sdpa"`` on CUDA): ``attn_lib.layers.dispatch.decode_backend``.
 
         Returns:
             output (B, L, C), or ``(output, scores)`` with scores (B, H, L, S).

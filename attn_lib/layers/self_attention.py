@@ -43,7 +43,7 @@ class SelfAttention(nn.Module):
             reference path, the only one with scores), ``"sdpa"``, or the tiled FlashAttention
             paths ``"torch"`` / ``"triton"`` (key padding masks only, no scores).
         check_finite: scan each input for nan / inf and the result for overflow (default);
-            ``False`` skips these reductions (no host sync on CUDA).
+            ``False`` skips these checks and their host syncs on CUDA.
 
     Shapes: ``forward(x)`` takes x (B, L, C) and returns (B, L, d_v); with
     ``need_weights=True`` it returns ``(output, scores)`` with scores (B, L, L).

@@ -42,7 +42,7 @@ from nbclient import NotebookClient
 
 from book_helpers import COLAB_CHAPTERS as CHAPTERS
 from book_helpers import COLAB_KERNEL_THREADS as KERNEL_THREADS
-from book_helpers import ROOT, SETUP_CELL, UNCHECKED_TAGS, digest, read_notebook
+from book_helpers import ROOT, SETUP_CELL, UNCHECKED_TAGS, digest
 # What Colab has preinstalled that the chapters use (torch's CUDA build brings triton there).
 COLAB_PACKAGES = ["torch==2.13.0", "triton==3.7.1", "numpy", "matplotlib", "ipykernel", "ipywidgets"]
 _COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "_build", "build", "*.egg-info", "__pycache__",
