@@ -396,3 +396,16 @@ def test_empty_inputs_give_empty_or_zero_outputs():
                          cache_seqlens=torch.tensor([0, 0]))
     assert out.shape == (2, 2, 1, 3) and not bool(out.any())
     assert attn_lib.flash_decoding is flash_decoding
+
+
+def test_a_step_that_raises_after_appending_puts_the_cache_slots_back():
+    """The new k, v are written before the attention runs; an overflow then must not leave them behind."""
+    k_cache = torch.zeros(1, 1, 4, 2)  # (B,H_kv,S_max,D)
+    v_cache = torch.zeros(1, 1, 4, 2)
+    k_cache[:, :, 2:] = 7.0  # slots past the length: the new keys go to slot 1, slot 2.. keep their 7
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    q = torch.full((1, 1, 1, 2), 1e30)  # (B,H,L,D): q·k of the new key overflows float32
+    k_new, v_new = torch.full((1, 1, 1, 2), 1e30), torch.ones(1, 1, 1, 2)
+    with pytest.raises(ValueError, match=re.escape(OVERFLOW_MESSAGE)):
+        attn_lib.flash_decoding(q, k_cache, v_cache, k_new, v_new, cache_seqlens=torch.tensor([1]))
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
