@@ -105,7 +105,7 @@ def check_kv_cache(cache, layer, self_attention: bool, B: int, query) -> int:
             "values come from that layer's projections): give each layer its own KVCache, or call "
             "cache.reset() before reusing it"
         )
-    H_kv, D = getattr(layer, "num_kv_heads", layer.num_heads), layer.head_dim
+    H_kv, D = layer.num_kv_heads, layer.head_dim  # check_heads set both on every layer that takes a cache
     dtype = projection_dtype(layer.out_proj.weight.dtype, query.device)
     check_cache_fits(cache, (B, H_kv, D, D), dtype, query.device)
     return len(cache)

@@ -24,7 +24,7 @@ from attn_lib.layers.dispatch import attend, decode_backend, layer_mask
 from attn_lib.models.tiny_model import RotaryMultiHeadAttention
 from attn_lib.rules.names import NO_WINDOW
 from attn_lib.rules.numerics import OVERFLOW_MESSAGE
-from attn_lib.rules.settings import layer_settings
+from attn_lib.rules.settings import DecodeSettings, layer_settings
 from attn_lib.tolerances import assert_close
 
 from attn_paths import DISTINGUISHABLE, visible_band
@@ -567,3 +567,78 @@ def test_a_triton_layer_decodes_with_the_triton_kernels(steps):
         assert_close(decoded, _layer("reference", dtype=torch.float32)(x), dtype=torch.float32)
     assert steps == [(4, 4, "triton"), (1, 5, "triton")]
 
+
+
+# --- decode_backend at the edges of its rule; what a decode step hands to flash_decoding's core -------------
+
+def _which(q, k, backend="auto", *, is_causal=True):
+    settings = _settings(q.shape[2], k.shape[2], q.shape[-1], q.dtype, is_causal=is_causal, backend=backend,
+                         cached=True)
+    return decode_backend(q, k, None, settings, False)
+
+
+def test_a_decode_step_with_no_query_entries_keeps_the_layer_path():
+    assert _which(torch.zeros(0, 4, 1, 8), torch.zeros(0, 2, 5, 8)) is None  # B = 0: nothing to decode
+    assert _which(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 5, 1)) == ("torch", False)  # a single number
+    assert _which(torch.zeros(1, 4, 16, 8), torch.zeros(1, 2, 20, 8)) == ("torch", True)  # MAX_DECODE_QUERIES
+    assert _which(torch.zeros(1, 4, 17, 8), torch.zeros(1, 2, 20, 8)) is None
+
+
+def test_the_kernel_backend_without_its_package_keeps_the_layer_path(monkeypatch):
+    q, k = torch.zeros(1, 4, 2, 8), torch.zeros(1, 2, 5, 8)
+    monkeypatch.setattr(dispatch, "triton_available", lambda: False)
+    assert _which(q, k, "triton") is None
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    assert _which(q, k, "triton") == ("triton", True)
+
+
+def test_auto_on_a_gpu_sends_head_dims_up_to_the_kernels_limit_to_them(monkeypatch):
+    """Only the head dim is limited (MAX_HEAD_DIM = 256): not the number of heads, nor the cache length."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    with FakeTensorMode():
+        def gpu(B, H, n, D):
+            return torch.empty(B, H, n, D, device="cuda")
+
+        cases = {"D = 256": (gpu(1, 4, 1, 256), gpu(1, 2, 5, 256)),
+                 "D = 257": (gpu(1, 4, 1, 257), gpu(1, 2, 5, 257)),
+                 "300 heads": (gpu(1, 300, 1, 8), gpu(1, 300, 5, 8)),
+                 "a cache of 300": (gpu(1, 4, 1, 8), gpu(1, 2, 300, 8))}
+    got = {name: _which(q, k) for name, (q, k) in cases.items()}
+    assert got == {"D = 256": ("triton", False), "D = 257": None, "300 heads": ("triton", False),
+                   "a cache of 300": ("triton", False)}
+
+
+def test_a_decode_step_hands_the_layer_settings_and_the_chosen_backend_to_the_core(monkeypatch):
+    seen = []
+
+    def core(q, k, v, settings):
+        seen.append(settings)
+        return torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)  # (B,H,L,Dv)
+
+    monkeypatch.setattr(dispatch, "decode_core", core)
+    monkeypatch.setattr(dispatch, "triton_available", lambda: True)
+    q, k, v = _qkv(B=1, H=2, L=2, S=6)
+    for backend, check_finite in (("triton", True), ("torch", False)):
+        settings = _settings(2, 6, 4, torch.float32, is_causal=True, backend=backend, check_finite=check_finite,
+                             scale=0.3, cached=True)
+        out, scores = attend(q, k, v, None, settings, decode=True)
+        assert out.shape == (1, 2, 2, 4) and scores is None
+    assert seen == [DecodeSettings(scale=0.3, work_dtype=torch.float32, is_causal=True, check_overflow=True,
+                                   backend="triton"),
+                    DecodeSettings(scale=0.3, work_dtype=torch.float32, is_causal=True, check_overflow=False,
+                                   backend="torch")]
+
+
+def test_the_fused_path_names_the_unknown_direction_of_its_overflow():
+    """A nan output row tells that a score overflowed, not in which direction: the message says ±inf."""
+    big = torch.finfo(torch.float32).max * 0.9
+    q, k, v = torch.ones(1, 1, 2, 1), torch.ones(1, 1, 3, 1), torch.ones(1, 1, 3, 1)
+    mask = torch.zeros(1, 1, 2, 3)
+    mask[..., 1, 2] = big
+    k[..., 2, 0] = big  # score 0.5 * big, plus big: +inf, for query 1 only
+    with pytest.raises(ValueError) as info:
+        attend(q, k, v, mask, _settings(2, 3, 1, torch.float32, backend="sdpa", scale=0.5))
+    assert str(info.value) == ("attention scores overflowed to ±inf (|scale·q·k| exceeds the range of float32); "
+                               "compute in float64 or use a smaller scale")
