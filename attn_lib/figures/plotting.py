@@ -22,10 +22,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .fonts import (  # noqa: F401  (re-exported: `from attn_lib.figures.plotting import setup_chinese_font`)
-    CJK_FONT_CANDIDATES, NO_FONT_MESSAGE, _add_new_system_fonts, _font_or_none, _installed_font_names,
-    find_chinese_font, setup_chinese_font,
-)
+from .fonts import _font_or_none, find_chinese_font, setup_chinese_font
+
+__all__ = [  # find_chinese_font and setup_chinese_font live in .fonts; the chapters import them from here
+    "MAX_WIDTH_IN", "bar_scores", "book_rc", "book_style", "find_chinese_font", "in_book_style",
+    "setup_chinese_font", "show_heatmap", "show_heatmaps", "to_numpy",
+]
 
 # Widest figure the book draws (inches): at matplotlib's 100 dpi that is 700 CSS pixels, the
 # width of the website's text column on a laptop.

@@ -34,7 +34,6 @@ def test_reference_answer_passes_and_wrong_fails(ex_id, capsys):
 def test_answer_keys_do_not_use_the_library_under_test():
     """An answer key is a literal or an independent computation: a library bug must not become the key."""
     import ast
-    from pathlib import Path
 
     modules = sorted((ROOT / "attn_lib" / "exercises").glob("ch*.py"))
     assert modules, "no exercise modules found"

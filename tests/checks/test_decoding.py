@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import attn_lib
-import attn_lib.checks.decoding as decoding
 import attn_lib.checks.flash as flash_checks
 from attn_lib.checks.decoding import check_decode_call
 from attn_lib.flash.splits import choose_num_splits, merge_partials
@@ -44,7 +43,6 @@ def _message(call):
 def kernels_present(monkeypatch):
     """The kernel package counts as installed (only its presence is asked; nothing is compiled here)."""
     monkeypatch.setattr(flash_checks, "triton_available", lambda: True)
-    monkeypatch.setattr(decoding, "triton_available", lambda: True)
 
 
 @pytest.mark.parametrize("name,args", [("block_n", (4, 64, 2, 0, 1)), ("min_blocks", (4, 64, 2, 16, 0))])
@@ -119,7 +117,7 @@ def test_auto_takes_the_kernels_for_a_gpu_query_when_they_are_installed(kernels_
     interpreter = lambda: True  # noqa: E731 (the process runs the kernels under the interpreter: CPU tensors pass)
     assert check_decode_call(gpu_q, (kc, vc), (None, None), Options(), interpreter).backend == "triton"
     assert check_decode_call(q, (kc, vc), (None, None), Options(), interpreter).backend == "torch"
-    monkeypatch.setattr(decoding, "triton_available", lambda: False)
+    monkeypatch.setattr(flash_checks, "triton_available", lambda: False)
     assert check_decode_call(gpu_q, (kc, vc), (None, None), Options(), interpreter).backend == "torch"
 
 

@@ -8,7 +8,6 @@ compiled); a tensor subclass that reports ``is_cuda`` stands in for a GPU tensor
 import pytest
 import torch
 
-import attn_lib.checks.doors as doors
 import attn_lib.checks.flash as flash_checks
 from attn_lib.checks.doors import (check_flash_call, check_naive_call, check_tiled_backward_call, check_tiled_call,
                                    check_triton_backward_call, check_triton_call, resolve_band)
@@ -44,7 +43,6 @@ def _message(call):
 def kernels_present(monkeypatch):
     """The kernel package counts as installed (only its presence is asked; nothing is compiled here)."""
     monkeypatch.setattr(flash_checks, "triton_available", lambda: True)
-    monkeypatch.setattr(doors, "triton_available", lambda: True)
 
 
 def _interpreter():
@@ -89,8 +87,18 @@ def test_auto_takes_the_kernels_for_a_gpu_query_when_they_are_installed(kernels_
     gpu_q = q.as_subclass(ClaimsCuda)
     assert check_flash_call(gpu_q, k, v, Options(), _interpreter).backend == "triton"
     assert check_flash_call(q, k, v, Options(), _interpreter).backend == "torch"
-    monkeypatch.setattr(doors, "triton_available", lambda: False)
+    monkeypatch.setattr(flash_checks, "triton_available", lambda: False)
     assert check_flash_call(gpu_q, k, v, Options(), _interpreter).backend == "torch"
+
+
+def test_auto_keeps_the_torch_path_for_what_the_kernels_cannot_take(kernels_present):
+    """float64, or a head dim over 256, on a GPU: "auto" falls back to the tiled torch path instead of refusing."""
+    q64, k64, v64 = _qkv(dtype=torch.float64)
+    assert check_flash_call(q64.as_subclass(ClaimsCuda), k64, v64, Options(), _interpreter).backend == "torch"
+    wide = torch.zeros(1, 1, 2, 257)  # (B,H,L,D): D over the kernels' 256
+    assert check_flash_call(wide.as_subclass(ClaimsCuda), wide, wide, Options(), _interpreter).backend == "torch"
+    q, k, v = _qkv()
+    assert check_flash_call(q.as_subclass(ClaimsCuda), k, v, Options(), _interpreter).backend == "triton"
 
 
 def test_the_kernel_doors_check_the_kernels_limits(kernels_present):
