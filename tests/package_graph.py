@@ -156,15 +156,20 @@ def module_limit(name: str) -> int:
     return KERNEL_LIMIT if kernel_file else MODULE_LIMIT
 
 
-def check_entries(call) -> int:
-    """How many times ``call()`` enters attn_lib.checks from outside it (sys.setprofile): one per door."""
-    stack, entries = [], [0]
+def trace_call(call, prefix: str = "attn_lib") -> tuple[list[str], int, int]:
+    """Run ``call()`` once under sys.setprofile; return (modules, stays, check-package entries).
+
+    Frames whose module name starts with ``prefix`` count. *modules*: the distinct modules passed, the
+    check package attn_lib.checks counted as one; *stays*: the changes of module along the way; *entries*:
+    how many times the call enters attn_lib.checks from outside it (one per door).
+    """
+    stays, stack, entries = [], [], [0]
 
     def profile(frame, event, arg):
         if event not in ("call", "return"):
             return
         name = frame.f_globals.get("__name__", "")
-        if not name.startswith("attn_lib"):
+        if not name.startswith(prefix):
             return
         if event == "call":
             if name.startswith(CHECKS) and not any(m.startswith(CHECKS) for m in stack):
@@ -172,10 +177,17 @@ def check_entries(call) -> int:
             stack.append(name)
         elif stack:
             stack.pop()
+        if stack and (not stays or stays[-1] != stack[-1]):
+            stays.append(stack[-1])
 
     sys.setprofile(profile)
     try:
         call()
     finally:
         sys.setprofile(None)
-    return entries[0]
+    return sorted({CHECKS if m.startswith(CHECKS) else m for m in stays}), len(stays), entries[0]
+
+
+def check_entries(call) -> int:
+    """How many times ``call()`` enters attn_lib.checks from outside it: one per door."""
+    return trace_call(call)[2]

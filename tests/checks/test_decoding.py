@@ -39,12 +39,6 @@ def _message(call):
     return str(info.value)
 
 
-@pytest.fixture
-def kernels_present(monkeypatch):
-    """The kernel package counts as installed (only its presence is asked; nothing is compiled here)."""
-    monkeypatch.setattr(flash_checks, "triton_available", lambda: True)
-
-
 @pytest.mark.parametrize("name,args", [("block_n", (4, 64, 2, 0, 1)), ("min_blocks", (4, 64, 2, 16, 0))])
 def test_the_split_rule_names_the_argument_it_refuses(name, args):
     batch_heads, S, workers, block_n, min_blocks = args

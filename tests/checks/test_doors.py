@@ -39,12 +39,6 @@ def _message(call):
     return str(info.value)
 
 
-@pytest.fixture
-def kernels_present(monkeypatch):
-    """The kernel package counts as installed (only its presence is asked; nothing is compiled here)."""
-    monkeypatch.setattr(flash_checks, "triton_available", lambda: True)
-
-
 def _interpreter():
     """The process runs the kernels under the interpreter: CPU tensors are accepted."""
     return True

@@ -12,15 +12,6 @@ from attn_lib.figures import flash_steps
 from attn_lib.figures.plotting import MAX_WIDTH_IN
 
 
-@pytest.fixture
-def default_rc():
-    """matplotlib's own defaults (no Chinese font), restored afterwards."""
-    with mpl.rc_context():
-        mpl.rcdefaults()
-        yield
-    plt.close("all")
-
-
 def _rc_snapshot() -> dict:
     return {k: v for k, v in mpl.rcParams.items() if k not in ("backend", "backend_fallback")}
 

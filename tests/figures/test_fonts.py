@@ -14,14 +14,6 @@ from matplotlib.ft2font import FT2Font
 from attn_lib.figures import fonts, plotting
 
 
-@pytest.fixture
-def default_rc():
-    """matplotlib's own defaults (no Chinese font), restored afterwards."""
-    with mpl.rc_context():
-        mpl.rcdefaults()
-        yield
-
-
 def test_setup_chinese_font_is_the_one_global_switch(default_rc):
     font = fonts.setup_chinese_font(force=True)
     assert font is not None, fonts.NO_FONT_MESSAGE

@@ -13,22 +13,12 @@ from pathlib import Path
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
-import pytest
 import torch
 from matplotlib import font_manager
 from matplotlib.ft2font import FT2Font
 
 from attn_lib.core import worked_example as we
 from attn_lib.figures import plotting
-
-
-@pytest.fixture
-def default_rc():
-    """matplotlib's own defaults (no Chinese font), restored afterwards."""
-    with mpl.rc_context():
-        mpl.rcdefaults()
-        yield
-    plt.close("all")
 
 
 def _draws_han(text) -> bool:
