@@ -41,7 +41,7 @@ pdf: venv sysdeps
 test: venv sysdeps book pdf
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-# Regenerate the CJK font subset that ships in attn_lib/fonts/ (after editing figure labels).
+# Regenerate the CJK font subset that ships in attn_lib/data/fonts/ (after editing figure labels).
 font: venv sysdeps
 	$(BIN)/python scripts/make_font_subset.py
 

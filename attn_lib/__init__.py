@@ -1,9 +1,11 @@
-"""attn_lib：注意力机制可执行章节的配套库（模块与章节的对应见各模块文档字符串的第一行和 README 的地图）。
+"""attn_lib：注意力机制可执行章节的配套库（第 1–13 章；每个子包和模块的文档字符串第一行写着它服务的章）。
 
 Layout everywhere: (B, H, L, D) as in ``torch.nn.functional.scaled_dot_product_attention``
-(B batch, H heads, L queries, S keys, D head dim). The package is flat: one module per
-concept, and each module's docstring opens with the chapter it serves. Every fast path is
-tested against ``attn_lib.reference.attention`` with the tolerances in
+(B batch, H heads, L queries, S keys, D head dim). One concept per module, in subpackages that
+follow the book: ``core`` (the maths), ``layers``, ``flash`` (the fast paths, ``flash/triton``
+the kernels), ``models``, ``figures``, ``costs``, ``data``, ``exercises``; ``checks`` (the doors'
+input checks) and ``rules`` (what every path agrees on) underneath. Every fast path is
+tested against ``attn_lib.core.reference.attention`` with the tolerances in
 ``attn_lib.tolerances``. Importing attn_lib never touches CUDA.
 """
 import re as _re
@@ -14,27 +16,36 @@ TORCH_MIN = "2.5"  # what the book prints needs it (see pyproject.toml's depende
 if tuple(int(p) for p in _re.findall(r"\d+", _torch.__version__)[:2]) < tuple(int(p) for p in TORCH_MIN.split(".")):
     raise ImportError(f"torch must be version {TORCH_MIN} or newer for attn_lib, got {_torch.__version__}; "
                       f"run pip install -U \"torch>={TORCH_MIN}\" and restart the kernel")
-from . import io_model, it_data, lm_data, numpy_ref, tiny_lm, tiny_model, worked_example
-from ._dispatch import BACKENDS
-from .decoding import flash_decoding, merge_partials
+from .costs import io_model
+from .models import it_data
+from .models import lm_data
+from .core import numpy_ref
+from .models import tiny_lm
+from .models import tiny_model
+from .core import worked_example
+from .rules.names import BACKENDS
+from .flash.decoding import flash_decoding
+from .flash.splits import merge_partials
 from .device import cuda_available, default_device, try_gpu
-from .flash import flash_attention, flash_attention_triton, flash_attention_triton_backward
-from .flash_torch import flash_attention_torch
-from .generation import generate
-from .flash_torch_backward import flash_attention_torch_backward
-from .naive import naive_attention
-from .kv_cache import KVCache
-from .io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
-from .lookup import hard_lookup, soft_lookup
-from .masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask, sliding_window_mask
-from .multihead import LoopedMultiHeadAttention, MultiHeadAttention, count_parameters, merge_heads, split_heads
-from .positions import apply_rotary, sinusoidal_positions
-from .online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
+from .flash.autograd import flash_attention
+from .flash.triton.entry import flash_attention_triton, flash_attention_triton_backward
+from .flash.tiled_forward import flash_attention_torch
+from .models.generation import generate
+from .flash.tiled_backward import flash_attention_torch_backward
+from .flash.naive import naive_attention
+from .layers.kv_cache import KVCache
+from .costs.io_model import IOCounter, flash_attention_io, standard_attention_io, tiled_attention_io
+from .core.lookup import hard_lookup, soft_lookup
+from .core.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask, sliding_window_mask
+from .layers.multihead import MultiHeadAttention, count_parameters, merge_heads, split_heads
+from .layers.multihead_looped import LoopedMultiHeadAttention
+from .layers.positions import apply_rotary, sinusoidal_positions
+from .core.online import (online_logsumexp, online_max_and_sum, online_softmax, online_softmax_update,
                              online_weighted_sum)
-from .reference import attention
-from .self_attention import SelfAttention
-from .similarity import dot, dot_all, dot_query_keys, euclidean_distance
-from .stable_softmax import naive_softmax, softmax
+from .core.reference import attention
+from .layers.self_attention import SelfAttention
+from .core.similarity import dot, dot_all, dot_query_keys, euclidean_distance
+from .core.softmax import naive_softmax, softmax
 from .tolerances import TOLERANCES, assert_close, tolerance
 
 __version__ = "0.1.0"

@@ -24,8 +24,10 @@ import glob
 import os
 import sys
 
-ENV_VAR = "ATTN_LIB_DEVICE"
-TRITON_ENV = "TRITON_INTERPRET"
+from .checks import check_int
+from .rules.names import DEVICE_ENV, TRITON_ENV
+
+ENV_VAR = DEVICE_ENV
 _TRUE = ("1", "true", "on", "yes")  # the values Triton's env_bool reads as true
 _triton_mode: dict = {}  # {"interpret": bool} once decided
 
@@ -47,8 +49,6 @@ def try_gpu(index: int = 0):
         ``torch.device``.
     """
     import torch
-
-    from ._validate import check_int
 
     check_int("index", index, 0)
     forced = os.environ.get(ENV_VAR)

@@ -8,13 +8,17 @@
 With ``--backward`` every case is one forward and one backward (``out.backward(dout)`` with a
 fixed random ``dout``, inputs that require grad): ``torch SDPA`` against
 ``attn_lib.flash_attention(..., backend="torch")`` (the tiled forward, then the tiled
-FlashAttention-2 backward of ``attn_lib.flash_torch.flash_attention_torch_backward``), and
+FlashAttention-2 backward of ``attn_lib.flash.tiled_backward``), and
 ``naive`` = the naive path's autograd, which stores the (B, H, N, N) matrices. Default
 implementations there: sdpa and tiled; results go to ``bench/results/cpu_backward.json``.
 
-Both sides of a comparison are timed alike, and the output says how: ``--checks none``
-(default) calls attn_lib's unchecked cores (no input scan, no overflow host sync), as SDPA
-does no checks; ``--checks both`` runs the door's input checks before every side.
+Both sides of a comparison are timed alike, and the output says how and names what each side
+calls: ``--checks none`` (default) calls attn_lib's unchecked cores (no input scan, no overflow
+host sync), as SDPA does no checks: ``attn_lib.flash.naive.naive_core``,
+``attn_lib.flash.tiled_forward.forward_core`` (with ``--backward``: ``attn_lib.flash.autograd.flash_core``),
+their settings built once per case, before the timing, by their door (``attn_lib.checks.doors``);
+``--checks both`` calls the public functions (``naive_attention``, ``flash_attention_torch``,
+``flash_attention``) and the reference's door (``check_attention_call``) before SDPA.
 
 Every (implementation, N, causal) case runs in its own subprocess, so each one starts from the
 same memory state:
@@ -52,8 +56,9 @@ Chapter 12, two more suites, each one run with forward and forward+backward rows
   H_kv = 8, D = 128 (``--heads``, ``--kv-heads``, ``--head-dim``): the tiled path with
   ``enable_gqa=True`` (``tiled_gqa``) against ``F.scaled_dot_product_attention(...,
   enable_gqa=True)`` (``sdpa_gqa``), causal. Results: ``bench/results/cpu_gqa.json``.
-Both use attn_lib's unchecked core ``attn_lib.flash._flash_unchecked(..., backend="torch")``
-(forward under ``torch.no_grad()``; forward+backward through autograd), as SDPA does no checks.
+Both use attn_lib's unchecked core ``attn_lib.flash.autograd.flash_core`` on the tiled path, its settings
+built by ``attn_lib.checks.doors.check_flash_call`` (forward under ``torch.no_grad()``; forward+backward
+through autograd), as SDPA does no checks.
 """
 from __future__ import annotations
 
@@ -79,14 +84,14 @@ GQA_IMPLS = ("tiled_gqa", "sdpa_gqa")
 MODES = ("fwd", "fwd_bwd")
 WINDOW_SIZES = (2048, 4096, 8192, 16384)
 GQA_SIZES = (1024, 2048, 4096)
-QUICK_17_SIZES = (256, 512)
+SUITE_QUICK_SIZES = (256, 512)
 QUICK_WINDOW = 32
-SHAPES_17 = {  # (heads, kv_heads, head_dim): full run, --quick
+SUITE_SHAPES = {  # (heads, kv_heads, head_dim): full run, --quick
     "window": ((8, 8, 64), (2, 2, 16)),
     "gqa": ((32, 8, 128), (8, 2, 32)),
 }
-RESULTS_17 = {"window": Path(__file__).resolve().parent / "results" / "cpu_window.json",
-              "gqa": Path(__file__).resolve().parent / "results" / "cpu_gqa.json"}
+SUITE_RESULTS = {"window": Path(__file__).resolve().parent / "results" / "cpu_window.json",
+                 "gqa": Path(__file__).resolve().parent / "results" / "cpu_gqa.json"}
 
 
 CHECKS = {
@@ -125,7 +130,7 @@ def parse_args(argv=None):
                    help="none: every side unchecked (attn_lib's unchecked cores, SDPA as is); both: the door's "
                         "input checks (types, shapes, one nan/inf scan of q, k, v) before every side")
     p.add_argument("--worker", nargs=3, metavar=("IMPL", "N", "CAUSAL"), help=argparse.SUPPRESS)
-    p.add_argument("--worker17", nargs=4, metavar=("SUITE", "IMPL", "N", "MODE"), help=argparse.SUPPRESS)
+    p.add_argument("--suite-worker", nargs=4, metavar=("SUITE", "IMPL", "N", "MODE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.window is not None and args.gqa:
         p.error("--window and --gqa are two runs; give one of them")
@@ -142,14 +147,14 @@ def parse_args(argv=None):
 
 def _suite_defaults(args):
     """Sizes and shapes of the window / GQA suites (--quick: tiny ones, a smoke test)."""
-    heads, kv_heads, head_dim = SHAPES_17[args.suite][1 if args.quick else 0]
+    heads, kv_heads, head_dim = SUITE_SHAPES[args.suite][1 if args.quick else 0]
     args.heads, args.head_dim = args.heads or heads, args.head_dim or head_dim
     args.kv_heads = args.kv_heads or (kv_heads if args.suite == "gqa" else args.heads)
     if args.suite == "window" and args.quick:
         args.window = min(args.window, QUICK_WINDOW)
     args.rounds = args.rounds or (1 if args.quick else 3)
     if args.sizes is None:
-        args.sizes = list(QUICK_17_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else GQA_SIZES))
+        args.sizes = list(SUITE_QUICK_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else GQA_SIZES))
     allowed = WINDOW_IMPLS if args.suite == "window" else GQA_IMPLS
     if args.impls is None:
         args.impls = list(allowed)
@@ -189,63 +194,100 @@ def peak_rss_mib() -> float:
     return peak / 1024 if sys.platform != "darwin" else peak / 2**20  # Linux: KiB, macOS: bytes
 
 
+def case_fn(impl: str, q, k, v, causal: bool, args):
+    """The callable to time in the main suite: one forward of q, k, v (B, H, N, D) (with ``--backward``
+    the forward whose output the caller then differentiates).
+
+    ``--checks none`` calls attn_lib's unchecked cores, with settings built once, before the timing,
+    by their door in ``attn_lib.checks.doors`` (``check_finite=False``: no overflow sync either):
+    ``naive`` = ``attn_lib.flash.naive.naive_core``; ``tiled`` = ``attn_lib.flash.tiled_forward.forward_core``
+    (forward) or ``attn_lib.flash.autograd.flash_core`` (``--backward``). ``--checks both`` calls the public
+    functions (``naive_attention``, ``flash_attention_torch``, ``flash_attention(backend="torch")``) and runs
+    the reference's door (``check_attention_call``) before SDPA.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from attn_lib import flash_attention, flash_attention_torch, naive_attention
+    from attn_lib.checks.doors import check_attention_call, check_flash_call, check_naive_call, check_tiled_call
+    from attn_lib.device import triton_interprets
+    from attn_lib.flash.autograd import flash_core
+    from attn_lib.flash.naive import naive_core
+    from attn_lib.flash.tiled_forward import forward_core
+    from attn_lib.rules.settings import Options
+
+    checked, blocks = args.checks == "both", {"block_m": args.block_m, "block_n": args.block_n}
+    unchecked = Options(is_causal=causal, check_finite=False)
+    if impl == "sdpa":
+        def sdpa():
+            if checked:  # the same kind of door on every side
+                check_attention_call(q, k, v, None, Options(is_causal=causal))
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B,H,N,D)
+        return sdpa
+    if impl == "naive":
+        if checked:
+            return lambda: naive_attention(q, k, v, is_causal=causal)  # (B,H,N,D)
+        settings = check_naive_call(q, k, v, unchecked)
+        return lambda: naive_core(q, k, v, settings)  # (B,H,N,D)
+    if args.backward:  # the differentiable entry: tiled forward, then the tiled backward through autograd
+        if checked:
+            return lambda: flash_attention(q, k, v, is_causal=causal, backend="torch")  # (B,H,N,D)
+        settings = check_flash_call(q, k, v, Options(is_causal=causal, check_finite=False, backend="torch"),
+                                    triton_interprets)
+        return lambda: flash_core(q, k, v, settings)  # (B,H,N,D)
+    if checked:
+        def tiled():
+            with torch.no_grad():
+                return flash_attention_torch(q, k, v, is_causal=causal, **blocks)[0]  # (B,H,N,D)
+        return tiled
+    settings = check_tiled_call(q, k, v, Options(is_causal=causal, check_finite=False, **blocks), None)
+
+    def tiled_core():
+        with torch.no_grad():
+            return forward_core(q, k, v, settings)[0]  # (B,H,N,D)
+    return tiled_core
+
+
+def timed_calls(args) -> dict:
+    """What each implementation of the main suite calls (printed above the table and saved with it)."""
+    if args.checks == "both":
+        tiled = "attn_lib.flash_attention(backend='torch')" if args.backward else "attn_lib.flash_attention_torch"
+        return {"naive": "attn_lib.naive_attention", "tiled": tiled,
+                "sdpa": "attn_lib.checks.doors.check_attention_call, then F.scaled_dot_product_attention"}
+    tiled = "attn_lib.flash.autograd.flash_core" if args.backward else "attn_lib.flash.tiled_forward.forward_core"
+    return {"naive": "attn_lib.flash.naive.naive_core (unchecked core)", "tiled": f"{tiled} (unchecked core)",
+            "sdpa": "F.scaled_dot_product_attention"}
+
+
 def run_case(impl: str, N: int, causal: bool, args) -> dict:
     """在本进程里跑一个情形：一次预热、reps 次计时；返回时间和峰值额外内存。"""
     import time
 
     import torch
-    import torch.nn.functional as F
-
-    from attn_lib._numerics import resolve_scale
-    from attn_lib._validate import check_attention_inputs
-    from attn_lib.flash import _flash_unchecked
-    from attn_lib.flash_torch import DEFAULT_BLOCK_M, DEFAULT_BLOCK_N, _forward_tiles
-    from attn_lib.naive import _naive_core
 
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
 
-    def make(n):
-        return [torch.randn((args.batch, args.heads, n, args.head_dim), generator=gen) for _ in range(3)]  # (B,H,n,D)
+    def prepared(n):
+        """The timed callable for length n, its inputs made (and its settings built) before any timing."""
+        shape = (args.batch, args.heads, n, args.head_dim)
+        q, k, v = (torch.randn(shape, generator=gen).requires_grad_(args.backward) for _ in range(3))  # (B,H,n,D)
+        fn = case_fn(impl, q, k, v, causal, args)
+        if not args.backward:
+            return fn
+        dout = torch.randn(shape, generator=gen)  # (B,H,n,D), fixed
 
-    def call(q, k, v):
-        if args.checks == "both":  # the same door on every side
-            check_attention_inputs(q, k, v)
-        if impl == "naive":
-            return _naive_core(q, k, v, causal, resolve_scale(None, q.shape[-1]), None, check_overflow=args.checks == "both")
-        if impl == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        with torch.no_grad():
-            return _forward_tiles(q, k, v, None, causal=causal, scale=resolve_scale(None, q.shape[-1]),
-                                  block_m=args.block_m or DEFAULT_BLOCK_M, block_n=args.block_n or DEFAULT_BLOCK_N,
-                                  counter=None)[0]
-
-    if args.backward:
-        forward = call
-
-        def call(q, k, v):  # noqa: F811  forward + backward through autograd
+        def forward_backward():
             for t in (q, k, v):
                 t.grad = None
-            if impl == "tiled":
-                if args.checks == "both":
-                    check_attention_inputs(q, k, v)
-                out = _flash_unchecked(q, k, v, is_causal=causal, scale=resolve_scale(None, q.shape[-1]), key_padding_mask=None,
-                                       backend="torch", check_overflow=args.checks == "both")  # (B,H,N,D)
-            else:
-                out = forward(q, k, v)  # (B,H,N,D)
-            out.backward(dout[..., : out.shape[2], :])
+            out = fn()  # (B,H,n,D)
+            out.backward(dout)
             return out
+        return forward_backward
 
-        dout = torch.randn((args.batch, args.heads, N, args.head_dim), generator=gen)  # (B,H,N,D), fixed
-        make_plain = make
-
-        def make(n):  # noqa: F811
-            return [t.requires_grad_() for t in make_plain(n)]
-
-    call(*make(64))  # load kernels and start threads before the memory baseline
-    q, k, v = make(N)  # float32 inputs
-    fn = lambda: call(q, k, v)  # noqa: E731
+    prepared(64)()  # load kernels and start threads before the memory baseline
+    fn = prepared(N)  # float32 inputs
     before = peak_rss_mib()
     fn()  # warm-up (also reaches the peak)
     times = []
@@ -302,24 +344,27 @@ def format_table(results: list, machine_info: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def case17_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
+def suite_case_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
     """The callable to time in the window / GQA suites: one forward, or one forward and its backward.
 
-    ``tiled_*``: ``attn_lib.flash._flash_unchecked(..., backend="torch")`` (the tiled path, no
-    checks), causal, with ``window_size=(window, 0)`` for ``tiled_window``; k, v with H_kv
-    heads for ``tiled_gqa`` (GQA by shape). ``sdpa_band``: SDPA with the band as a bool mask;
-    ``sdpa_gqa``: SDPA with ``is_causal=True, enable_gqa=True``.
+    ``tiled_*``: attn_lib's unchecked core ``attn_lib.flash.autograd.flash_core`` (the tiled path), with
+    settings built once, before the timing, by ``attn_lib.checks.doors.check_flash_call`` (``backend="torch"``,
+    ``check_finite=False``): causal, ``window_size=(window, 0)`` for ``tiled_window``; k, v with H_kv heads
+    for ``tiled_gqa`` (GQA by shape). ``sdpa_band``: SDPA with the band as a bool mask
+    (``attn_lib.sliding_window_mask``); ``sdpa_gqa``: SDPA with ``is_causal=True, enable_gqa=True``.
     """
     import torch
     import torch.nn.functional as F
 
-    from attn_lib._band import band, band_mask
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.flash import _flash_unchecked
+    from attn_lib import sliding_window_mask
+    from attn_lib.checks.doors import check_flash_call
+    from attn_lib.device import triton_interprets
+    from attn_lib.flash.autograd import flash_core
+    from attn_lib.rules.settings import Options
 
-    scale = resolve_scale(None, q.shape[-1])
     if impl == "sdpa_band":
-        keep = band_mask(q.shape[2], k.shape[2], *band(True, (window, 0)), device=q.device)  # (L,S), True = visible
+        keep = sliding_window_mask(q.shape[2], k.shape[2], window_size=(window, 0), is_causal=True,
+                                   device=q.device)  # (L,S), True = visible
 
         def forward():
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # (B,H,L,D)
@@ -327,11 +372,12 @@ def case17_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
         def forward():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B,H,L,D)
     else:
-        extra = {"window_size": (window, 0)} if impl == "tiled_window" else {}
+        options = Options(is_causal=True, window_size=(window, 0) if impl == "tiled_window" else None,
+                          enable_gqa=k.shape[1] != q.shape[1], check_finite=False, backend="torch")
+        settings = check_flash_call(q, k, v, options, triton_interprets)
 
         def forward():
-            return _flash_unchecked(q, k, v, is_causal=True, scale=scale, key_padding_mask=None, backend="torch",
-                                    check_overflow=False, **extra)  # (B,H,L,D)
+            return flash_core(q, k, v, settings)  # (B,H,L,D)
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
@@ -347,7 +393,14 @@ def case17_fn(impl: str, q, k, v, dout, window: int | None, mode: str):
     return fwd_bwd
 
 
-def run_case17(impl: str, N: int, mode: str, args) -> dict:
+SUITE_CALLS = {"tiled_window": "attn_lib.flash.autograd.flash_core (unchecked core), window_size=(W, 0)",
+               "tiled_causal": "attn_lib.flash.autograd.flash_core (unchecked core)",
+               "tiled_gqa": "attn_lib.flash.autograd.flash_core (unchecked core), k, v with H_kv heads",
+               "sdpa_band": "F.scaled_dot_product_attention(attn_mask=attn_lib.sliding_window_mask(...))",
+               "sdpa_gqa": "F.scaled_dot_product_attention(is_causal=True, enable_gqa=True)"}
+
+
+def run_suite_case(impl: str, N: int, mode: str, args) -> dict:
     """Window / GQA suite: one case in this process (one warm-up, reps timed calls, peak extra memory)."""
     import time
 
@@ -366,8 +419,8 @@ def run_case17(impl: str, N: int, mode: str, args) -> dict:
             t.requires_grad_(mode == "fwd_bwd")
         return q, k, v, dout
 
-    case17_fn(impl, *make(64), args.window, mode)()  # load kernels and start threads before the baseline
-    fn = case17_fn(impl, *make(N), args.window, mode)
+    suite_case_fn(impl, *make(64), args.window, mode)()  # load kernels and start threads before the baseline
+    fn = suite_case_fn(impl, *make(N), args.window, mode)
     before = peak_rss_mib()
     fn()  # warm-up (also reaches the peak)
     times = []
@@ -380,9 +433,9 @@ def run_case17(impl: str, N: int, mode: str, args) -> dict:
             "peak_extra_mib": peak_rss_mib() - before, "threads": torch.get_num_threads()}
 
 
-def spawn17(impl: str, N: int, mode: str, args) -> dict:
+def spawn_suite_case(impl: str, N: int, mode: str, args) -> dict:
     """One window / GQA case in its own subprocess (the same memory state for every case)."""
-    cmd = [sys.executable, __file__, "--worker17", args.suite, impl, str(N), mode, "--reps", str(args.reps),
+    cmd = [sys.executable, __file__, "--suite-worker", args.suite, impl, str(N), mode, "--reps", str(args.reps),
            "--batch", str(args.batch), "--heads", str(args.heads), "--kv-heads", str(args.kv_heads),
            "--head-dim", str(args.head_dim)]
     if args.suite == "window":
@@ -398,7 +451,7 @@ def spawn17(impl: str, N: int, mode: str, args) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def format_table17(results: list, machine_info: dict | None = None) -> str:
+def format_suite_table(results: list, machine_info: dict | None = None) -> str:
     """窗口 / GQA 两组基准排成表：时间、相对 SDPA 的倍数、相对最小 N 的倍数、峰值额外内存。"""
     lines = []
     if machine_info:
@@ -435,7 +488,7 @@ def merge_rounds(rounds: list) -> dict:
     return merged
 
 
-def main17(args, argv) -> int:
+def main_suite(args, argv) -> int:
     """Run the window or GQA suite: every (mode, N, impl) in its own subprocess; print and save the table."""
     info = machine()
     if args.threads:
@@ -449,19 +502,22 @@ def main17(args, argv) -> int:
             runs = {impl: [] for impl in args.impls}
             for _ in range(args.rounds):  # the sides alternate, so a slow spell of the machine hits both
                 for impl in args.impls:
-                    runs[impl].append(spawn17(impl, N, mode, args))
+                    runs[impl].append(spawn_suite_case(impl, N, mode, args))
             for impl in args.impls:
                 r = merge_rounds(runs[impl])
                 results.append(r)
                 print(f"  done: {mode:>7} {impl:>12} N={N:>5} "
                       + (f"{r['time_s'] * 1e3:9.1f} ms" if "time_s" in r else r["error"]), flush=True)
     print(CHECKS["none"])
+    calls = {impl: SUITE_CALLS[impl] for impl in args.impls}
+    for impl, call in calls.items():
+        print(f"# {impl}: {call}")
     print(what + ", fp32")
-    print(format_table17(results, info))
-    out = args.out or (None if (args.quick or args.no_save) else RESULTS_17[args.suite])
+    print(format_suite_table(results, info))
+    out = args.out or (None if (args.quick or args.no_save) else SUITE_RESULTS[args.suite])
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"machine": info, "config": what[2:], "checks": CHECKS["none"],
+        payload = {"machine": info, "config": what[2:], "checks": CHECKS["none"], "calls": calls,
                    "time": "min over reps after one warm-up, over rounds subprocesses per case (the sides "
                            "alternating), seconds",
                    "memory": "peak RSS after the calls minus peak RSS before them (MiB), the largest over the rounds",
@@ -474,12 +530,12 @@ def main17(args, argv) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.worker17:
-        _, impl, N, mode = args.worker17
-        print(json.dumps(run_case17(impl, int(N), mode, args)))
+    if args.suite_worker:
+        _, impl, N, mode = args.suite_worker
+        print(json.dumps(run_suite_case(impl, int(N), mode, args)))
         return 0
     if args.suite:
-        return main17(args, argv)
+        return main_suite(args, argv)
     if args.worker:
         impl, N, causal = args.worker
         print(json.dumps(run_case(impl, int(N), bool(int(causal)), args)))
@@ -498,6 +554,9 @@ def main(argv=None) -> int:
                 print(f"  done: {impl:>5} N={N:>5} causal={causal!s:>5} "
                       + (f"{r['time_s'] * 1e3:9.1f} ms" if "time_s" in r else r["error"]), flush=True)
     print(CHECKS[args.checks])
+    calls = {impl: call for impl, call in timed_calls(args).items() if impl in args.impls}
+    for impl, call in calls.items():
+        print(f"# {impl}: {call}")
     print(format_table(results, info))
     out = args.out or (None if (args.quick or args.no_save) else (RESULTS_BACKWARD if args.backward else RESULTS))
     if out is not None:
@@ -509,6 +568,7 @@ def main(argv=None) -> int:
                        "block_m": args.block_m, "block_n": args.block_n, "checks": CHECKS[args.checks],
                        "time": "min over reps after one warm-up, seconds",
                        "memory": "peak RSS after the calls minus peak RSS before them (MiB), one process per case"},
+            "calls": calls,
             "command": "python bench/cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "results": results,
         }

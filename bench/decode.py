@@ -4,11 +4,12 @@
     .venv/bin/python bench/decode.py --quick    # tiny shapes, S in {256, 512}: a smoke test in seconds, saves nothing
     .venv/bin/python bench/decode.py --threads 2 --rounds 5 --sizes 4096 16384
 
-Implementations (every one computes the same output; tests/unit/test_bench_decode.py checks that):
+Implementations (every one computes the same output; tests/bench/test_decode.py checks that):
 
 - ``sdpa_gqa``: ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` (for L > 1 with the
   bottom-right causal mask of a decode step);
-- ``decode``: ``attn_lib.flash_decoding``'s torch path, ``num_splits`` chosen by
+- ``decode``: ``attn_lib.flash_decoding``'s torch path (``is_causal=True``: the L queries are the last
+  L positions), ``num_splits`` chosen by
   ``choose_num_splits`` for this machine (on a CPU with B·H_kv >= threads: one split);
 - ``decode_8``: the same path with 8 splits (on a CPU the splits run one after another: what
   they cost without a GPU's parallel programs);
@@ -18,10 +19,12 @@ Implementations (every one computes the same output; tests/unit/test_bench_decod
 Timing: float32; per case one warm-up call, then timed calls (``time.perf_counter``), at least
 ``--reps`` and more until ``--min-time`` seconds have passed (a short step gets many calls, so that
 on a busy machine some of them run undisturbed); ``--rounds`` rounds in which the implementations alternate (so a slow spell of the machine hits
-every side), the time is the minimum over every timed call of every round. ``--checks none``
-(default) calls attn_lib's unchecked core (``attn_lib.decoding._decode_unchecked``: no input scan,
-no overflow sync), as SDPA checks nothing; ``--checks door`` calls the public ``flash_decoding``,
-whose door scans q, k and v for nan / inf (one more read of the cache). The ``cache GB/s`` column
+every side), the time is the minimum over every timed call of every round. ``--call flash_decoding``
+(default) times the public ``attn_lib.flash_decoding``, whose door scans q and the cache for nan / inf
+(one more read of the cache) and whose core checks the result for overflow; ``--call decode_core`` times
+attn_lib's unchecked core ``attn_lib.flash.decoding.decode_core`` instead (its settings built once, before
+the timing, by ``attn_lib.checks.decoding.check_decode_call``, the overflow check off: no input scan, no
+overflow sync), as SDPA checks nothing. The output names the one that ran. The ``cache GB/s`` column
 is the bytes of K and V (B·H_kv·S·(D + Dv)·4) over the time: a decode step reads the whole
 cache once and does little arithmetic per byte. Results go to ``bench/results/cpu_decode.json``
 (with the machine: CPU model, threads, torch version, date) unless ``--quick`` or ``--no-save``.
@@ -44,9 +47,11 @@ QUICK_SIZES = (256, 512)
 SHAPE = (32, 8, 128)  # H, H_kv, D of the full run (Llama-3-8B's attention)
 QUICK_SHAPE = (8, 2, 32)
 RESULTS = Path(__file__).resolve().parent / "results" / "cpu_decode.json"
-CHECKS = {
-    "none": "# checks: none on any side (attn_lib's unchecked decode core, SDPA as is: no input scan, no overflow sync)",
-    "door": "# checks: flash_decoding's door on the attn_lib sides (types, shapes, one nan/inf scan of q, k, v)",
+CALLS = {
+    "flash_decoding": "# attn_lib sides: the public attn_lib.flash_decoding (its door: types, shapes, one nan/inf "
+                      "scan of q and the cache; its overflow check); SDPA as is",
+    "decode_core": "# attn_lib sides: the unchecked core attn_lib.flash.decoding.decode_core (settings from its "
+                   "door once, before the timing; no input scan, no overflow sync); SDPA as is",
 }
 
 
@@ -65,7 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="rounds, the sides alternating (default 3, --quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--impls", nargs="+", choices=IMPLS, default=None, help="default: all")
-    p.add_argument("--checks", choices=CHECKS, default="none")
+    p.add_argument("--call", choices=CALLS, default="flash_decoding",
+                   help="what the attn_lib sides time: the public flash_decoding (default) or its unchecked core")
     p.add_argument("--out", type=Path, default=None, help=f"where to write the JSON (default {RESULTS})")
     p.add_argument("--no-save", action="store_true")
     args = p.parse_args(argv)
@@ -79,26 +85,39 @@ def parse_args(argv=None):
     return args
 
 
-def case_fn(impl: str, q, k, v, *, checks: str = "none"):
-    """The callable to time: one decode step of q (B, H, L, D) against the cache k, v (B, H_kv, S, D)."""
+def case_fn(impl: str, q, k, v, *, call: str = "flash_decoding"):
+    """The callable to time: one decode step of q (B, H, L, D) against the cache k, v (B, H_kv, S, D).
+
+    The L queries are the last L positions of the cache (causal, bottom-right: SDPA's side gets that mask
+    for L > 1). ``call``: ``"flash_decoding"`` (the public function) or ``"decode_core"`` (the unchecked core,
+    its settings built here, before any timing, by ``check_decode_call``, with the overflow check off).
+    """
+    import dataclasses
+
     import torch.nn.functional as F
 
     from attn_lib import causal_mask, flash_decoding
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.decoding import _decode_unchecked
+    from attn_lib.checks.decoding import check_decode_call
+    from attn_lib.device import triton_interprets
+    from attn_lib.flash.decoding import decode_core
+    from attn_lib.rules.settings import Options
 
     L, S, G = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
-    scale = resolve_scale(None, q.shape[-1])
     if impl == "sdpa_gqa":
         mask = None if L == 1 else causal_mask(L, S, align="bottom-right")  # (L,S) the step's rule
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=G > 1)  # (B,H,L,D)
     splits = {"decode": None, "decode_8": 8, "decode_repeat": 1}[impl]
+    if call == "flash_decoding":
+        def step(kk, vv):
+            return flash_decoding(q, kk, vv, num_splits=splits, enable_gqa=kk.shape[1] != q.shape[1],
+                                  is_causal=True, backend="torch")  # (B,H,L,D)
+    else:
+        options = Options(is_causal=True, enable_gqa=G > 1, num_splits=splits, backend="torch")
+        settings = dataclasses.replace(check_decode_call(q, (k, v), (None, None), options, triton_interprets),
+                                       check_overflow=False)  # the same for K, V repeated to H heads
 
-    def step(kk, vv):
-        if checks == "door":
-            return flash_decoding(q, kk, vv, num_splits=splits, enable_gqa=kk.shape[1] != q.shape[1], backend="torch")
-        return _decode_unchecked(q, kk, vv, seqlens=None, num_splits=splits, scale=scale, backend="torch",
-                                 check_overflow=False)  # (B,H,L,D)
+        def step(kk, vv):
+            return decode_core(q, kk, vv, settings)  # (B,H,L,D)
 
     if impl == "decode_repeat":
         return lambda: step(k.repeat_interleave(G, 1), v.repeat_interleave(G, 1))  # (B,H_kv,S,D) -> (B,H,S,D)
@@ -126,7 +145,7 @@ def run_size(S: int, args) -> list:
     B, H, Hkv, D, L = args.batch, args.heads, args.kv_heads, args.head_dim, args.queries
     q = torch.randn(B, H, L, D, generator=gen)  # (B,H,L,D)
     k, v = (torch.randn(B, Hkv, S, D, generator=gen) for _ in range(2))  # (B,H_kv,S,D)
-    fns = {impl: case_fn(impl, q, k, v, checks=args.checks) for impl in args.impls}
+    fns = {impl: case_fn(impl, q, k, v, call=args.call) for impl in args.impls}
     runs = {impl: [] for impl in args.impls}
     with torch.no_grad():
         for _ in range(args.rounds):
@@ -183,13 +202,13 @@ def main(argv=None) -> int:
             results.append(r)
             print(f"  done: {r['impl']:>14} S={S:>6} "
                   + (f"{r['time_s'] * 1e3:9.2f} ms" if "time_s" in r else r["error"]), flush=True)
-    print(CHECKS[args.checks])
+    print(CALLS[args.call])
     print(what)
     print(format_table(results, info))
     out = args.out or (None if (args.quick or args.no_save) else RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"machine": info, "config": what[2:], "checks": CHECKS[args.checks],
+        payload = {"machine": info, "config": what[2:], "checks": CALLS[args.call], "call": args.call,
                    "time": "min over the timed calls (>= reps, until min_time) after one warm-up, over rounds "
                            "(the sides alternating), seconds",
                    "command": "python bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:]),

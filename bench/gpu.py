@@ -16,9 +16,11 @@ H = 2048 // D) unless --batch / --heads are given. Forward FLOPs are ``4 * B * H
 (two matrix products); the backward has five products, 2.5 times the forward, so forward +
 backward is 3.5 times the forward (flash-attn's convention); half of each with ``causal``.
 TFLOP/s = FLOPs / time. Every side is timed without input checks (the output says so): the
-Triton kernels through ``attn_lib._triton_launch.launch`` and ``launch_backward`` (the kernels
-alone), the naive path through its unchecked core, SDPA as is; SDPA's and the naive path's
-backward run through autograd (``out.backward(dout)``).
+Triton path through ``attn_lib.flash.autograd.flash_core`` (the unchecked core of
+``flash_attention``, its settings built once by the door ``attn_lib.checks.doors.check_flash_call``
+with ``check_finite=False``, so no overflow check and no host sync), the naive path through
+``attn_lib.flash.naive.naive_core`` (settings from ``check_naive_call``), SDPA as is; every
+backward runs through autograd (``out.backward(dout)``).
 Time: ``triton.testing.do_bench`` (median, L2 flushed between runs). Memory:
 ``torch.cuda.max_memory_allocated`` during one call minus before it, MiB. Naive attention
 that does not fit is reported as "OOM". Runs in a few minutes on one recent GPU. Writes
@@ -41,22 +43,27 @@ Chapter 12, the cases of ``bench/cpu.py --window`` / ``--gqa`` on the GPU:
 - ``--gqa``: q (B, 32, N, 128), k, v (B, 8, N, 128), causal: the Triton path with k, v of H_kv
   heads (``triton_gqa``) against ``F.scaled_dot_product_attention(..., is_causal=True,
   enable_gqa=True)`` (``sdpa_gqa``). FLOPs as above with H = the query heads.
-Both call ``attn_lib.flash._flash_unchecked(..., backend="triton", check_overflow=False)``
-(forward under ``torch.no_grad()``, forward+backward through autograd), after a correctness
-check against the float64 reference. Results: ``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
+Both call ``attn_lib.flash.autograd.flash_core`` with settings from ``check_flash_call``
+(``backend="triton"``, ``check_finite=False``; forward under ``torch.no_grad()``, forward+backward
+through autograd), after a correctness check against the float64 reference. Results:
+``bench/results/gpu_window.json`` / ``gpu_gqa.json``.
 
-Chapter 13, one decode step (FlashDecoding, ``attn_lib/_triton_decode.py``):
+Chapter 13, one decode step (FlashDecoding, ``attn_lib/flash/triton/decode.py``):
 
     .venv/bin/python bench/gpu.py --decode           # fp16 and bf16, S in {1k .. 32k}, splits 1 2 4 8 16 auto
     .venv/bin/python bench/gpu.py --decode --quick   # S in {1k, 16k}
     .venv/bin/python bench/gpu.py --decode --splits 1 4 32 --dtypes bfloat16
     .venv/bin/python bench/gpu.py --compile-only 90 --decode   # no GPU needed: the decode kernels alone
 
-- q (1, 32, 1, 128), the cache k, v (1, 8, S, 128): the split kernel + merge kernel with each split
-  count (``split_P``; ``split_auto``: what ``flash_decoding(num_splits=None)`` picks on this GPU)
-  against no split: chapter 8's forward kernel with ``causal_offset = S - L`` (``flash_fwd``: its grid is
-  (query blocks, B*H), 32 programs here, each loading the K/V of its query head, G = 4 times the
-  cache) and SDPA with ``enable_gqa=True`` (``sdpa_gqa``). Bandwidth: the cache's bytes
+- q (1, 32, 1, 128), the cache k, v (1, 8, S, 128), one causal step (the L queries are the last L
+  positions, bottom-right; with L = 1 every key is seen): the split kernel + merge kernel with each
+  split count (``split_P``, through the unchecked launcher ``attn_lib.flash.triton.decode.launch``
+  with a ``DecodeSettings`` built here; ``split_auto``: the count ``flash_decoding(num_splits=None)``
+  picks on this GPU, ``attn_lib.flash.splits.choose_num_splits``) against no split: chapter 8's
+  forward kernel through its unchecked launcher ``attn_lib.flash.triton.forward.launch`` with the
+  causal band aligned bottom-right (offset S - L; ``flash_fwd``: its grid is (query blocks, B*H),
+  32 programs here, each loading the K/V of its query head, G = 4 times the cache) and SDPA with
+  ``enable_gqa=True`` (``sdpa_gqa``). Bandwidth: the cache's bytes
   ``B*H_kv*S*(D+Dv)*element bytes`` (``cache_bytes``: what the split kernel's loads request, each
   K/V block once per group) / time, against the device's peak HBM bandwidth (``peak_bandwidth``:
   the vendor's datasheet figure for known GPUs, cited in the output and in ``PEAK_BANDWIDTH``,
@@ -82,15 +89,21 @@ NO_GPU_MESSAGE = ("bench/gpu.py needs a CUDA GPU and torch with CUDA; none was f
                   "(torch.cuda.is_available() is False). For this machine run bench/cpu.py.")
 
 
-CHECKS = "# checks: none on any side (the Triton launchers and the naive core unchecked, SDPA as is)"
+CHECKS = ("# timed without input checks: triton = attn_lib.flash.autograd.flash_core (unchecked core, settings from "
+          "check_flash_call once, check_finite=False), naive = attn_lib.flash.naive.naive_core (unchecked core), "
+          "SDPA as is; backward through autograd")
+SUITE_CHECKS = ("# timed without input checks: triton_* = attn_lib.flash.autograd.flash_core (unchecked core, settings "
+                "from check_flash_call once, check_finite=False), SDPA as is")
+DECODE_CHECKS = ("# timed without input checks: split_P = attn_lib.flash.triton.decode.launch, flash_fwd = "
+                 "attn_lib.flash.triton.forward.launch (unchecked launchers, settings built once), SDPA as is")
 # Chapter 12
 WINDOW_IMPLS = ("triton_window", "triton_causal", "sdpa_band", "sdpa_causal")
 GQA_IMPLS = ("triton_gqa", "sdpa_gqa")
 WINDOW_SIZES = (2048, 4096, 8192, 16384)
-QUICK_17_SIZES = (1024, 4096)
+QUICK_SUITE_SIZES = (1024, 4096)
 GQA_SHAPE = (32, 8, 128)  # H, H_kv, D
-RESULTS_17 = {"window": Path(__file__).resolve().parent / "results" / "gpu_window.json",
-              "gqa": Path(__file__).resolve().parent / "results" / "gpu_gqa.json"}
+RESULTS_SUITES = {"window": Path(__file__).resolve().parent / "results" / "gpu_window.json",
+                  "gqa": Path(__file__).resolve().parent / "results" / "gpu_gqa.json"}
 
 def attention_flops(B: int, H: int, L: int, S: int, D: int, causal: bool = False, mode: str = "fwd") -> float:
     """注意力的浮点运算次数：前向 QKᵀ 和 PV 两次矩阵乘各 2·B·H·L·S·D；反向是前向的 2.5 倍；因果时只算一半。
@@ -180,7 +193,7 @@ def _suite_defaults(args, argv):
     if "--head-dims" not in argv:
         args.head_dims = [GQA_SHAPE[2]]
     if args.sizes is None:
-        args.sizes = list(QUICK_17_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else DEFAULT_SIZES))
+        args.sizes = list(QUICK_SUITE_SIZES if args.quick else (WINDOW_SIZES if args.suite == "window" else DEFAULT_SIZES))
     allowed = WINDOW_IMPLS if args.suite == "window" else GQA_IMPLS
     args.impls = [i for i in args.impls if i in allowed] or list(allowed)
     return args
@@ -235,34 +248,47 @@ def machine(torch) -> dict:
             "python": platform.python_version(), "date": _dt.date.today().isoformat()}
 
 
-def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, flags: dict):
-    """The callable to time: one forward, or one forward followed by its backward."""
+def triton_settings(q, k, v, **options):
+    """The settings the Triton path is timed with: the door ``check_flash_call`` once, ``backend="triton"``,
+    ``check_finite=False`` (no nan scan before, no overflow check after: no host sync), ``options`` as in
+    ``flash_attention`` (is_causal, window_size, enable_gqa ...)."""
+    from attn_lib import device
+    from attn_lib.checks.doors import check_flash_call
+    from attn_lib.rules.settings import Options
+
+    return check_flash_call(q, k, v, Options(backend="triton", check_finite=False, **options), device.triton_interprets)
+
+
+def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool):
+    """The callable to time: one forward, or one forward followed by its backward (through autograd).
+
+    ``triton``: ``attn_lib.flash.autograd.flash_core`` (settings from ``triton_settings``); ``naive``:
+    ``attn_lib.flash.naive.naive_core`` (settings from ``check_naive_call``, no overflow check); ``sdpa_flash``:
+    SDPA with its FlashAttention backend. For ``fwd_bwd`` q, k, v must require grad; the call returns None and
+    leaves the gradients in ``q.grad``, ``k.grad``, ``v.grad``.
+    """
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.naive import _naive_core
+    from attn_lib.checks.doors import check_naive_call
+    from attn_lib.flash.autograd import flash_core
+    from attn_lib.flash.naive import naive_core
+    from attn_lib.rules.settings import Options
 
-    scale = resolve_scale(None, q.shape[-1])
     if impl == "triton":
-        def fwd():
-            return kernel.launch(q, k, v, None, causal, scale, interpret=False, dot_fp32=flags["dot_fp32"],
-                                 capability=flags["capability"])
-        if mode == "fwd":
-            return fwd
+        settings = triton_settings(q, k, v, is_causal=causal)
 
-        def fwd_bwd():
-            out, lse = fwd()
-            return kernel.launch_backward(q, k, v, out, lse, dout, None, causal, scale, interpret=False,
-                                          dot_fp32=flags["dot_fp32"], capability=flags["capability"])
-        return fwd_bwd
-    if impl == "naive":
-        def forward():  # the unchecked core, as the kernels and SDPA run without checks
-            return _naive_core(q, k, v, causal, scale, None, check_overflow=False)
+        def forward():
+            return flash_core(q, k, v, settings)  # (B,H,L,Dv)
+    elif impl == "naive":
+        settings = check_naive_call(q, k, v, Options(is_causal=causal, check_finite=False))
+
+        def forward():
+            return naive_core(q, k, v, settings)  # (B,H,L,Dv)
     else:
         def forward():
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B,H,L,Dv)
     if mode == "fwd":
         return forward
 
@@ -271,19 +297,19 @@ def make_fn(torch, impl: str, mode: str, q, k, v, dout, causal: bool, kernel, fl
     return forward_backward
 
 
-def bench_case(torch, impl, dtype, N, D, causal, args, kernel, flags, mode="fwd"):
+def bench_case(torch, impl, dtype, N, D, causal, args, mode="fwd"):
     from triton.testing import do_bench
 
     B, H = shape_for(N, D, args.batch, args.heads)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    grad = mode == "fwd_bwd" and impl != "triton"  # autograd paths need leaves that require grad
+    grad = mode == "fwd_bwd"  # every backward runs through autograd: leaves that require grad
     q, k, v, dout = (torch.randn(B, H, N, D, device="cuda", dtype=getattr(torch, dtype), generator=gen)
                      for _ in range(4))
     for t in (q, k, v):
         t.requires_grad_(grad)
     base = {"impl": impl, "mode": mode, "dtype": dtype, "D": D, "N": N, "B": B, "H": H, "causal": causal}
     try:
-        fn = make_fn(torch, impl, mode, q, k, v, dout, causal, kernel, flags)
+        fn = make_fn(torch, impl, mode, q, k, v, dout, causal)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -298,34 +324,37 @@ def bench_case(torch, impl, dtype, N, D, causal, args, kernel, flags, mode="fwd"
     return {**base, "ms": ms, "tflops": tflops, "peak_extra_mib": peak}
 
 
-def check_kernel(torch, kernel, flags_for) -> None:
-    """Before timing: forward and backward agree with the float64 reference (flash-attn's rule)."""
+def _grad_rule(fast, naive, ref, what: str) -> None:
+    """flash-attn's gradient rule: error <= 2 x the naive error in the same dtype + one rounding step of it."""
+    rr = ref.to(fast.dtype)
+    atol = 2 * float(((rr + 0.3 - 0.3) - rr).abs().max())
+    err, naive_err = float((fast.double() - ref).abs().max()), float((naive.double() - ref).abs().max())
+    assert err <= 2 * naive_err + atol, f"{what}: {err:.3e} vs naive {naive_err:.3e}"
+
+
+def check_kernel(torch, *, device="cuda", dims=(2, 4, 300, 64)) -> None:
+    """Before timing: what ``make_fn("triton", ...)`` times, forward and backward, agrees with the float64
+    reference (flash-attn's rule against the naive path in the same dtype). dims = (B, H, N, D)."""
     import attn_lib
     from attn_lib.tolerances import assert_flash_rule
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     for dtype in (torch.float16, torch.bfloat16):
-        q, k, v, dout = (torch.randn(2, 4, 300, 64, device="cuda", generator=gen) for _ in range(4))
+        q, k, v, dout = (torch.randn(*dims, device=device, generator=gen) for _ in range(4))  # (B,H,N,D)
         for causal in (False, True):
             leaves = [t.double().requires_grad_() for t in (q, k, v)]
             ref, _ = attn_lib.attention(*leaves, is_causal=causal)
             ref.backward(dout.double())
             ql, kl, vl, dl = (t.to(dtype) for t in (q, k, v, dout))
-            flags = flags_for(dtype)
-            out, lse = kernel.launch(ql, kl, vl, None, causal, 64 ** -0.5, interpret=False, dot_fp32=flags["dot_fp32"],
-                                     capability=flags["capability"])
-            grads = kernel.launch_backward(ql, kl, vl, out, lse, dl, None, causal, 64 ** -0.5, interpret=False,
-                                           dot_fp32=flags["dot_fp32"], capability=flags["capability"])
+            out = make_fn(torch, "triton", "fwd", ql, kl, vl, dl, causal)()  # (B,H,N,D)
+            tl = [t.detach().requires_grad_() for t in (ql, kl, vl)]
+            make_fn(torch, "triton", "fwd_bwd", *tl, dl, causal)()
             nl = [t.detach().requires_grad_() for t in (ql, kl, vl)]
             naive = attn_lib.naive_attention(*nl, is_causal=causal)
             naive.backward(dl)
             assert_flash_rule(out, naive.detach(), ref.detach(), what=f"triton out {dtype} causal={causal}")
-            for name, g, n, r in zip(("dq", "dk", "dv"), grads, nl, leaves):
-                # flash-attn's gradient rule: twice the naive error plus one rounding step of dtype
-                rr = r.grad.to(dtype)
-                atol = 2 * float(((rr + 0.3 - 0.3) - rr).abs().max())
-                err, naive_err = float((g.double() - r.grad).abs().max()), float((n.grad.double() - r.grad).abs().max())
-                assert err <= 2 * naive_err + atol, f"triton {name} {dtype} causal={causal}: {err:.3e} vs {naive_err:.3e}"
+            for name, t, n, r in zip(("dq", "dk", "dv"), tl, nl, leaves):
+                _grad_rule(t.grad, n.grad, r.grad, f"triton {name} {dtype} causal={causal}")
 
 
 # --compile-only SM (no GPU needed): attn_lib's launchers run as they would on a GPU of compute capability SM,
@@ -338,8 +367,10 @@ MAX_SHARED = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448}
 COMPILE_SHAPE = (1, 8, 2, 1024)  # B, H, H_kv, L = S of the forward and backward launches (causal, key padding)
 COMPILE_DECODE_SPLITS = 4  # the decode launch: DECODE_SHAPE, a cache of 4096 keys, this many splits
 COMPILE_DECODE_KEYS = 4096
-LAUNCHED_KERNELS = {"attn_lib._triton_launch": ("_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"),
-                    "attn_lib._triton_decode": ("_decode_split", "_decode_merge")}
+# The kernel files and the kernels their launchers start, in launch order (forward, backward, decode step).
+LAUNCHED_KERNELS = {"attn_lib.flash.triton.forward": ("attn_fwd",),
+                    "attn_lib.flash.triton.backward": ("attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"),
+                    "attn_lib.flash.triton.decode": ("decode_split", "decode_merge")}
 
 
 class KernelCompiler:
@@ -395,31 +426,34 @@ def compile_launches(sm: int, dtype_name: str, D: int, log: list, decode_only: b
     from triton.backends.compiler import GPUTarget
     from triton.runtime.errors import OutOfResources
 
-    launch, dec = (importlib.import_module(name) for name in LAUNCHED_KERNELS)
-    cap = (sm // 10, sm % 10)
-    dot_fp32 = importlib.import_module("attn_lib._triton_entry").kernel_flags(
-        getattr(torch, dtype_name), None, False, capability=cap)["dot_fp32"]  # the launchers' rule
+    from attn_lib.rules.band import Band
+    from attn_lib.rules.settings import AttentionSettings, DecodeSettings
+
+    fwd, bwd, dec = modules = [importlib.import_module(name) for name in LAUNCHED_KERNELS]
+    target = (False, (sm // 10, sm % 10))  # compiled, for this GPU: the launchers' own flags and configurations
     meta = dict(dtype=getattr(torch, dtype_name), device="meta")  # shapes and strides, no memory
     B, H, H_kv, N = COMPILE_SHAPE
     q, out, dout = (torch.empty(B, H, N, D, **meta) for _ in range(3))  # (B,H,L,D)
     k, v = (torch.empty(B, H_kv, N, D, **meta) for _ in range(2))  # (B,H_kv,S,D)
     lse = torch.empty(B, H, N, dtype=torch.float32, device="meta")  # (B,H,L)
     kpm = torch.ones(B, N, dtype=torch.bool, device="meta")  # (B,S)
+    settings = AttentionSettings(band=Band.resolve(N, N, is_causal=True), scale=D ** -0.5, work_dtype=torch.float32,
+                                 key_mask=kpm, check_overflow=False, backend="triton")
     Bd, Hd, Hd_kv, Ld, _ = DECODE_SHAPE
     qd = torch.empty(Bd, Hd, Ld, D, **meta)  # (B,H,L,D)
     kd, vd = (torch.empty(Bd, Hd_kv, COMPILE_DECODE_KEYS, D, **meta) for _ in range(2))  # (B,H_kv,S,D)
-    seqlens = torch.empty(Bd, dtype=torch.int32, device="meta")  # (B,)
-    flags = dict(interpret=False, dot_fp32=dot_fp32, capability=cap)
-    steps = {"forward": lambda: launch.launch(q, k, v, kpm, True, D ** -0.5, **flags),
-             "backward": lambda: launch.launch_backward(q, k, v, out, lse, dout, kpm, True, D ** -0.5, **flags),
-             "decode": lambda: dec.decode_attention(qd, kd, vd, seqlens, COMPILE_DECODE_SPLITS, D ** -0.5,
-                                                    target=(False, cap))}
+    one_step = DecodeSettings(scale=D ** -0.5, work_dtype=torch.float32, is_causal=DECODE_CAUSAL,
+                          seqlens=torch.empty(Bd, dtype=torch.int32, device="meta"),  # (B,)
+                          num_splits=COMPILE_DECODE_SPLITS, check_overflow=False, backend="triton")
+    steps = {"forward": lambda: fwd.launch(q, k, v, settings, target=target),
+             "backward": lambda: bwd.launch(q, k, v, (out, lse, dout), settings, target=target),
+             "decode": lambda: dec.launch(qd, kd, vd, one_step, target=target)}
     failed = []
     with contextlib.ExitStack() as stack:
-        target = GPUTarget("cuda", sm, 32)
-        for module in (launch, dec):
+        gpu = GPUTarget("cuda", sm, 32)
+        for module in modules:
             for name in LAUNCHED_KERNELS[module.__name__]:
-                compiler = KernelCompiler(getattr(module, name), target, MAX_SHARED[sm], log)
+                compiler = KernelCompiler(getattr(module, name), gpu, MAX_SHARED[sm], log)
                 stack.enter_context(mock.patch.object(module, name, compiler))
         for what, step in steps.items():
             if decode_only and what != "decode":
@@ -448,19 +482,20 @@ def compile_only(sm: int, head_dims, dtypes, decode_only: bool = False) -> int:
         print(f"--compile-only must be one of {sorted(MAX_SHARED)}, got {sm}; pick the GPU's compute capability",
               file=sys.stderr)
         return 2
-    # Not through attn_lib.flash.load_kernel: without a GPU it would pick the interpreter; the
+    # Not through attn_lib.flash.triton.entry.load_kernels: without a GPU it would pick the interpreter; the
     # __main__ block set TRITON_INTERPRET=0, so these imports build compilable kernels.
-    if type(importlib.import_module("attn_lib.flash_triton")._attn_fwd).__name__ != "JITFunction":
+    if type(importlib.import_module("attn_lib.flash.triton.forward").attn_fwd).__name__ != "JITFunction":
         print("Triton is in interpreter mode in this process; run: python bench/gpu.py --compile-only SM",
               file=sys.stderr)
         return 2
-    numerics = importlib.import_module("attn_lib._numerics")
+    numerics = importlib.import_module("attn_lib.rules.numerics")
     B, H, H_kv, N = COMPILE_SHAPE
     Bd, Hd, Hd_kv, Ld, _ = DECODE_SHAPE
     print(f"# sm_{sm}: at most {MAX_SHARED[sm]} bytes of shared memory per block; each kernel as attn_lib's launchers "
           "build it for this GPU, every configuration they try until one fits, compiled without a GPU")
     print("# " + ("" if decode_only else f"forward and backward: causal, key padding, B={B} H={H} H_kv={H_kv} L=S={N}; ")
-          + f"decode: B={Bd} H={Hd} H_kv={Hd_kv} L={Ld} S={COMPILE_DECODE_KEYS}, {COMPILE_DECODE_SPLITS} splits")
+          + f"decode: B={Bd} H={Hd} H_kv={Hd_kv} L={Ld} S={COMPILE_DECODE_KEYS}, {COMPILE_DECODE_SPLITS} splits, "
+          f"is_causal={DECODE_CAUSAL}")
     failed = []
     for dtype_name in dtypes:
         dot_fp32 = numerics.dot_fp32(getattr(torch, dtype_name), (sm // 10, sm % 10), False)
@@ -476,16 +511,18 @@ def compile_only(sm: int, head_dims, dtypes, decode_only: bool = False) -> int:
     return 1 if failed else 0
 
 
-def case17_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
-    """The callable to time in the window / GQA suites: one forward, or one forward and its backward."""
+def suite_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
+    """The callable to time in the window / GQA suites: one forward, or one forward and its backward.
+
+    The Triton rows call ``attn_lib.flash.autograd.flash_core`` with settings from ``triton_settings``
+    (causal; ``window_size=(window, 0)`` for ``triton_window``; k, v may have H_kv heads).
+    """
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from attn_lib._band import band, band_mask
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.flash import _flash_unchecked
+    from attn_lib.flash.autograd import flash_core
+    from attn_lib.rules.band import band, band_mask
 
-    scale = resolve_scale(None, q.shape[-1])
     if impl == "sdpa_band":
         keep = band_mask(q.shape[2], k.shape[2], *band(True, (window, 0)), device=q.device)  # (L,S), True = visible
 
@@ -499,11 +536,11 @@ def case17_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
         def forward():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B,H,L,D)
     else:
-        extra = {"window_size": (window, 0)} if impl == "triton_window" else {}
+        settings = triton_settings(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1],
+                                   window_size=(window, 0) if impl == "triton_window" else (-1, -1))
 
         def forward():
-            return _flash_unchecked(q, k, v, is_causal=True, scale=scale, key_padding_mask=None, backend="triton",
-                                    check_overflow=False, **extra)  # (B,H,L,D); k, v may have H_kv heads
+            return flash_core(q, k, v, settings)  # (B,H,L,D); k, v may have H_kv heads
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
@@ -515,7 +552,7 @@ def case17_fn(torch, impl: str, mode: str, q, k, v, dout, window: int | None):
     return fwd_bwd
 
 
-def bench_case17(torch, impl: str, dtype: str, N: int, D: int, args, mode: str) -> dict:
+def bench_suite_case(torch, impl: str, dtype: str, N: int, D: int, args, mode: str) -> dict:
     """One case of the window / GQA suites: do_bench median, TFLOP/s over the visible pairs, peak extra MiB."""
     from triton.testing import do_bench
 
@@ -536,7 +573,7 @@ def bench_case17(torch, impl: str, dtype: str, N: int, D: int, args, mode: str) 
     base = {"suite": args.suite, "impl": impl, "mode": mode, "dtype": dtype, "D": D, "N": N, "B": B, "H": H,
             "H_kv": H_kv, "window": window}
     try:
-        fn = case17_fn(torch, impl, mode, q, k, v, dout, window)
+        fn = suite_fn(torch, impl, mode, q, k, v, dout, window)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -551,29 +588,28 @@ def bench_case17(torch, impl: str, dtype: str, N: int, D: int, args, mode: str) 
     return {**base, "ms": ms, "tflops": tflops, "peak_extra_mib": peak}
 
 
-def check17(torch, window: int) -> None:
-    """Before timing: the Triton path with a window and with GQA agrees with the float64 reference (flash-attn's rule)."""
+def check_suite(torch, window: int, *, device="cuda", dims=(2, 8, 2, 300, 64)) -> None:
+    """Before timing: what ``suite_fn("triton_window", ...)`` times, with GQA, agrees with the float64 reference
+    (flash-attn's rule against SDPA in the same dtype with the band as a mask). dims = (B, H, H_kv, N, D)."""
     import attn_lib
     import torch.nn.functional as F
-    from attn_lib.flash import _flash_unchecked
     from attn_lib.tolerances import assert_flash_rule
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(2, 8, 300, 64, device="cuda", generator=gen)  # (B,H,L,D)
-    k, v = (torch.randn(2, 2, 300, 64, device="cuda", generator=gen) for _ in range(2))  # (B,H_kv,S,D)
+    B, H, H_kv, N, D = dims
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, H, N, D, device=device, generator=gen)  # (B,H,L,D)
+    k, v = (torch.randn(B, H_kv, N, D, device=device, generator=gen) for _ in range(2))  # (B,H_kv,S,D)
     for dtype in (torch.float16, torch.bfloat16):
         ql, kl, vl = (x.to(dtype) for x in (q, k, v))
         ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), is_causal=True, enable_gqa=True,
                                     window_size=(window, 0))  # (B,H,L,D)
-        keep = torch.ones(300, 300, dtype=torch.bool, device="cuda").tril().triu(-window)  # (L,S) band, by hand
+        keep = torch.ones(N, N, dtype=torch.bool, device=device).tril().triu(-window)  # (L,S) band, by hand
         sdpa = F.scaled_dot_product_attention(ql, kl, vl, attn_mask=keep, enable_gqa=True)  # (B,H,L,D)
-        with torch.no_grad():
-            out = _flash_unchecked(ql, kl, vl, is_causal=True, scale=64 ** -0.5, key_padding_mask=None,
-                                   backend="triton", check_overflow=False, window_size=(window, 0))  # (B,H,L,D)
+        out = suite_fn(torch, "triton_window", "fwd", ql, kl, vl, None, window)()  # (B,H,L,D)
         assert_flash_rule(out, sdpa, ref, what=f"triton GQA + window {window} {dtype}")
 
 
-def format_table17(results: list) -> str:
+def format_suite_table(results: list) -> str:
     """窗口 / GQA 两组排成表：TFLOP/s（按可见的对数）、相对 SDPA 的倍数、相对最小 N 的时间倍数、显存。"""
     head = (f"{'pass':>7} {'dtype':>8} {'N':>6} {'impl':>13} {'ms':>9} {'TFLOP/s':>8} {'x SDPA':>7} {'t/t(N_min)':>10} "
             f"{'MiB':>8}")
@@ -594,13 +630,13 @@ def format_table17(results: list) -> str:
     return "\n".join(lines)
 
 
-def _run17(args, argv, torch) -> int:
+def _run_suite(args, argv, torch) -> int:
     """The window or GQA suite on the GPU: check, time, print, save."""
-    check17(torch, args.window if args.suite == "window" else 64)
+    check_suite(torch, args.window if args.suite == "window" else 64)
     info = machine(torch)
     print(f"# {info['gpu']} (sm_{info['capability'].replace('.', '')}), CUDA {info['cuda']}, torch {info['torch']}, "
           f"triton {info['triton']}, {info['date']}")
-    print("# checks: none on any side (attn_lib's unchecked core on the Triton path, SDPA as is); "
+    print(SUITE_CHECKS + "; "
           + (f"window_size=({args.window}, 0), causal" if args.suite == "window" else "H=32, H_kv=8, causal"))
     results = []
     for mode in args.passes:
@@ -608,12 +644,12 @@ def _run17(args, argv, torch) -> int:
             for D in args.head_dims:
                 for N in args.sizes:
                     for impl in args.impls:
-                        r = bench_case17(torch, impl, dtype, N, D, args, mode)
+                        r = bench_suite_case(torch, impl, dtype, N, D, args, mode)
                         results.append(r)
                         print(f"  {mode} {dtype} D={D} N={N} {impl}: "
                               + (f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)
-    print(format_table17(results))
-    out = args.out or (None if (args.quick or args.no_save) else RESULTS_17[args.suite])
+    print(format_suite_table(results))
+    out = args.out or (None if (args.quick or args.no_save) else RESULTS_SUITES[args.suite])
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         payload = {"machine": info, "config": {"time": "triton.testing.do_bench median, ms",
@@ -631,6 +667,7 @@ DECODE_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_DECODE_SIZES = (1024, 16384)
 DECODE_SPLITS = (1, 2, 4, 8, 16, "auto")
 DECODE_BASE_IMPLS = ("flash_fwd", "sdpa_gqa")  # no split: chapter 8's kernel (parallel over queries), torch SDPA
+DECODE_CAUSAL = True  # the step's L queries are the last L keys' positions (bottom-right); with L = 1 all keys
 RESULTS_DECODE = Path(__file__).resolve().parent / "results" / "gpu_decode.json"
 # Peak HBM bandwidth from the vendors' datasheets, bytes/s; the first name fragment found in the device name wins.
 PEAK_BANDWIDTH = (
@@ -688,49 +725,47 @@ def peak_bandwidth(name: str, bus_width_bits: int | None = None, memory_clock_kh
     return None, "unknown"
 
 
-def auto_splits(batch_heads: int, S: int, device="cuda"):
-    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择；attn_lib.decoding 还没有时返回 None。
+def auto_splits(batch_heads: int, S: int, device="cuda") -> int:
+    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择。
 
-    That is ``choose_num_splits(batch_heads, S, workers=device_workers(device))`` (workers: the SMs
-    of a GPU), or ``choose_num_splits(batch_heads, S)`` where ``device_workers`` is not there.
+    That is ``attn_lib.flash.splits.choose_num_splits(batch_heads, S, workers=device_workers(device))``
+    (workers: the SMs of a GPU, the threads of a CPU).
     """
-    try:
-        from attn_lib import decoding
-    except ImportError:
-        return None
-    workers = getattr(decoding, "device_workers", None)
-    try:
-        if workers is None:
-            return int(decoding.choose_num_splits(batch_heads, S))
-        return int(decoding.choose_num_splits(batch_heads, S, workers=workers(device)))
-    except (TypeError, AttributeError) as err:  # another API than this one: say so, time the rest
-        print(f"split_auto skipped: attn_lib.decoding.choose_num_splits({batch_heads}, {S}) failed: {err}",
-              file=sys.stderr)
-        return None
+    from attn_lib.flash import splits
+
+    return int(splits.choose_num_splits(batch_heads, S, workers=splits.device_workers(device)))
 
 
-def decode_fn(torch, impl: str, q, k, v, seqlens, *, interpret: bool = False):
-    """The callable to time for one decode step (no input checks): k, v of H_kv heads, read in place."""
-    import importlib
+def decode_fn(torch, impl: str, q, k, v, seqlens):
+    """The callable to time for one decode step (no input checks): k, v of H_kv heads, read in place.
 
+    One causal step (``DECODE_CAUSAL``: the L queries are the last L of the keys, bottom-right). ``split_P``:
+    the unchecked launcher ``attn_lib.flash.triton.decode.launch`` with P splits; ``flash_fwd``: chapter 8's
+    ``attn_lib.flash.triton.forward.launch`` with the band aligned bottom-right (offset S - L), reading every
+    key (seqlens is S for every entry there); ``sdpa_gqa``: SDPA with ``enable_gqa=True``. The kernels run as
+    this process's Triton mode says (under the interpreter on CPU tensors).
+    """
     import torch.nn.functional as F
 
-    from attn_lib._numerics import resolve_scale
-    from attn_lib.flash import kernel_flags, load_kernel
+    from attn_lib.flash.triton.entry import load_kernels
+    from attn_lib.rules.band import Band
+    from attn_lib.rules.numerics import resolve_scale, work_dtype
+    from attn_lib.rules.settings import AttentionSettings, DecodeSettings
 
-    scale = resolve_scale(None, q.shape[-1])
+    scale, work = resolve_scale(None, q.shape[-1]), work_dtype(q.dtype)
     L, S = q.shape[2], k.shape[2]
     if impl == "sdpa_gqa":  # L queries, bottom-right causal: with L = 1 every key is visible
         keep = None if L == 1 else torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L)  # (L,S)
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)  # (B,H,L,D)
     if impl == "flash_fwd":
-        kernel, flags = load_kernel(), kernel_flags(q.dtype, q.device, interpret)
-        return lambda: kernel.launch(q, k, v, None, True, scale, interpret=interpret, dot_fp32=flags["dot_fp32"],
-                                     capability=flags["capability"], causal_offset=S - L)[0]  # (B,H,L,Dv)
-    splits = int(impl.removeprefix("split_"))
-    dec = importlib.import_module("attn_lib._triton_decode")
-    return lambda: dec.decode_attention(q, k, v, seqlens, splits, scale)  # (B,H,L,Dv)
-
+        fwd = load_kernels("forward")
+        settings = AttentionSettings(band=Band.resolve(L, S, is_causal=DECODE_CAUSAL, offset=S - L), scale=scale,
+                                     work_dtype=work, check_overflow=False, backend="triton")
+        return lambda: fwd.launch(q, k, v, settings)[0]  # (B,H,L,Dv)
+    dec = load_kernels("decode")
+    settings = DecodeSettings(scale=scale, work_dtype=work, seqlens=seqlens.to(torch.int32), is_causal=DECODE_CAUSAL,
+                              num_splits=int(impl.removeprefix("split_")), check_overflow=False, backend="triton")
+    return lambda: dec.launch(q, k, v, settings)  # (B,H,L,Dv)
 
 
 def bench_decode_case(torch, impl: str, dtype: str, S: int, peak, *, shape=DECODE_SHAPE, device="cuda",
@@ -750,10 +785,7 @@ def bench_decode_case(torch, impl: str, dtype: str, S: int, peak, *, shape=DECOD
         splits = auto_splits(B * H_kv, S, device) if impl == "split_auto" else int(impl.removeprefix("split_"))
     base = {"suite": "decode", "impl": impl, "dtype": dtype, "S": S, "B": B, "H": H, "H_kv": H_kv, "L": L, "D": D,
             "splits": splits}
-    if impl == "split_auto" and splits is None:
-        return {**base, "error": "n/a"}  # attn_lib.decoding.choose_num_splits is not there yet
-    fn = decode_fn(torch, impl if splits is None else f"split_{splits}", q, k, v, seqlens,
-                   interpret=device != "cuda")
+    fn = decode_fn(torch, impl if splits is None else f"split_{splits}", q, k, v, seqlens)
     if timer is None:
         from triton.testing import do_bench
 
@@ -834,7 +866,8 @@ def _run_decode(args, argv, torch) -> int:
     B, H, H_kv, L, D = DECODE_SHAPE
     print(f"# {info['gpu']} (sm_{info['capability'].replace('.', '')}), CUDA {info['cuda']}, torch {info['torch']}, "
           f"triton {info['triton']}, {info['date']}")
-    print(f"# decode step B={B} H={H} H_kv={H_kv} L={L} D={D}; checks: none (kernels launched directly); "
+    print(DECODE_CHECKS)
+    print(f"# decode step B={B} H={H} H_kv={H_kv} L={L} D={D}, is_causal={DECODE_CAUSAL} (bottom-right); "
           f"GB/s = B*H_kv*S*2D*bytes / time; peak " + ("unknown" if peak is None else f"{peak / 1e12:.2f} TB/s")
           + f" ({source})")
     results = []
@@ -870,9 +903,9 @@ def main(argv=None) -> int:
         print(NO_GPU_MESSAGE, file=sys.stderr)
         return 2
     from attn_lib import device
-    from attn_lib.flash import kernel_flags, load_kernel
+    from attn_lib.flash.triton.entry import load_kernels
 
-    kernel = load_kernel()
+    load_kernels("forward")  # fixes this process's Triton mode (compiled: the __main__ block pinned it)
     if device.triton_interprets():
         print("Triton was imported in interpreter mode before bench/gpu.py could pin compiled mode; "
               "run it as a script: python bench/gpu.py", file=sys.stderr)
@@ -880,12 +913,12 @@ def main(argv=None) -> int:
     if args.suite == "decode":
         return _run_decode(args, argv, torch)
     if args.suite:
-        return _run17(args, argv, torch)
-    return _run(args, argv, torch, kernel, lambda dtype: kernel_flags(dtype, torch.device("cuda", 0), False))
+        return _run_suite(args, argv, torch)
+    return _run(args, argv, torch)
 
 
-def _run(args, argv, torch, kernel, flags_for) -> int:
-    check_kernel(torch, kernel, flags_for)
+def _run(args, argv, torch) -> int:
+    check_kernel(torch)
     info = machine(torch)
     print(f"# {info['gpu']} (sm_{info['capability'].replace('.', '')}), CUDA {info['cuda']}, torch {info['torch']}, "
           f"triton {info['triton']}, {info['date']}")
@@ -893,12 +926,11 @@ def _run(args, argv, torch, kernel, flags_for) -> int:
     results = []
     for mode in args.passes:
         for dtype in args.dtypes:
-            flags = flags_for(getattr(torch, dtype))
             for D in args.head_dims:
                 for N in args.sizes:
                     for causal in (False, True):
                         for impl in args.impls:
-                            r = bench_case(torch, impl, dtype, N, D, causal, args, kernel, flags, mode)
+                            r = bench_case(torch, impl, dtype, N, D, causal, args, mode)
                             results.append(r)
                             print(f"  {mode} {dtype} D={D} N={N} causal={causal} {impl}: "
                                   + (f"{r['tflops']:.1f} TFLOP/s" if "tflops" in r else r["error"]), flush=True)

@@ -1,6 +1,6 @@
 """层与 softmax 的 CPU 基准：attn_lib.MultiHeadAttention 对 torch.nn.MultiheadAttention，attn_lib.softmax 对 torch.softmax。
 
-    .venv/bin/python bench/layers.py               # the three shapes of issue 9, 2 threads, float32
+    .venv/bin/python bench/layers.py               # three layer shapes (small, medium, GPT-2 small), 2 threads, float32
     .venv/bin/python bench/layers.py --threads 1 --reps 20
     .venv/bin/python bench/layers.py --quick       # a smoke run: tiny shapes, 3 reps
     .venv/bin/python bench/layers.py --check-finite  # our layer with its nan / inf scans on

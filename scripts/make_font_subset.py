@@ -1,4 +1,4 @@
-"""Regenerate attn_lib/fonts/: a subset of Noto Sans CJK SC (SIL OFL 1.1) that ships with attn_lib.
+"""Regenerate attn_lib/data/fonts/: a subset of Noto Sans CJK SC (SIL OFL 1.1) that ships with attn_lib.
 
     .venv/bin/python scripts/make_font_subset.py [--source PATH.ttc] [--check]
 
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attn_lib.fonts import BUNDLED_FAMILY, BUNDLED_FONT_PATH, BUNDLED_LICENSE_PATH  # noqa: E402
+from attn_lib.figures.fonts import BUNDLED_FAMILY, BUNDLED_FONT_PATH, BUNDLED_LICENSE_PATH  # noqa: E402
 
 SOURCE_TTC = Path("/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc")
 DEBIAN_COPYRIGHT = Path("/usr/share/doc/fonts-noto-cjk/copyright")

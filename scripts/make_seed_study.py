@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where to write the JSON")
     args = parser.parse_args()
     torch.set_num_threads(1)  # bit-identical training whatever the core count (see the docstring)
-    from attn_lib.seed_study import seed_study
+    from attn_lib.models.seed_study import seed_study
 
     t0 = time.perf_counter()
     results = seed_study()

@@ -1,7 +1,7 @@
 """Follow one call of MultiHeadAttention.forward and count the attn_lib modules it passes.
 
 Prints, for a few layer configurations: how many attn_lib modules the call's frames pass
-through (the check package attn_lib._validate counted as one), how many stays (changes of
+through (the check package attn_lib.checks counted as one), how many stays (changes of
 module along the way), and how often the call enters the check package. Run:
 
     .venv/bin/python scripts/trace_query.py          # attn_lib modules only
@@ -10,41 +10,16 @@ module along the way), and how often the call enters the check package. Run:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import attn_lib
+import torch  # noqa: E402
+
+import attn_lib  # noqa: E402
+from package_graph import trace_call  # noqa: E402
 
 PREFIX = sys.argv[1] if len(sys.argv) > 1 else "attn_lib"
-CHECKS = "attn_lib._validate"
-
-
-def trace(layer, x, **kw):
-    """Run layer(x, **kw) once under a profiler; return (modules, stays, check-package entries)."""
-    stays, stack, entries = [], [], [0]
-
-    def prof(frame, event, arg):
-        if event not in ("call", "return"):
-            return
-        name = frame.f_globals.get("__name__", "")
-        if not name.startswith(PREFIX):
-            return
-        if event == "call":
-            if name.startswith(CHECKS) and not any(m.startswith(CHECKS) for m in stack):
-                entries[0] += 1
-            stack.append(name)
-        elif stack:
-            stack.pop()
-        if stack and (not stays or stays[-1] != stack[-1]):
-            stays.append(stack[-1])
-
-    sys.setprofile(prof)
-    try:
-        layer(x, **kw)
-    finally:
-        sys.setprofile(None)
-    modules = sorted({CHECKS if s.startswith(CHECKS) else s for s in stays})
-    return modules, len(stays), entries[0]
 
 
 def main() -> None:
@@ -58,7 +33,7 @@ def main() -> None:
     for label, layer, kw in cases:
         with torch.no_grad():
             layer(x, **kw)  # warm up: first-call imports are not the layer's path
-            modules, stays, entries = trace(layer, x, **kw)
+            modules, stays, entries = trace_call(lambda: layer(x, **kw), PREFIX)
         print(f"{label}: {len(modules)} modules, {stays} stays, {entries} entries into the check package")
         print("    " + ", ".join(modules))
 

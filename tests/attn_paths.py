@@ -2,8 +2,8 @@
 hypothesis strategies for cases, seeded tensors and layers, and the float64 references
 (outputs, log-sum-exp and gradients).
 
-Used by the contract tests (tests/contracts), the FlashAttention tests (tests/kernels) and the
-unit tests that need seeded inputs or weights. A *path* takes torch tensors q (B,H,L,D), k (B,H,S,D),
+Used by the topic tests (tests/topics: edges, properties, alignment, doors ...), the FlashAttention
+tests (tests/flash) and the module tests that need seeded inputs or weights. A *path* takes torch tensors q (B,H,L,D), k (B,H,S,D),
 v (B,H,S,Dv), an optional mask, ``causal`` and ``scale`` and returns the output (B,H,L,Dv)
 as a torch tensor in the input dtype. The float64 oracle is ``attn_lib.attention``
 computed on the same (already rounded) inputs cast to float64.
@@ -24,8 +24,8 @@ import torch
 from hypothesis import strategies as st
 
 import attn_lib
-from attn_lib import numpy_ref
-from attn_lib.flash_torch import flash_attention_torch
+from attn_lib.core import numpy_ref
+from attn_lib.flash.tiled_forward import flash_attention_torch
 
 # A difference larger than this tells two different answers apart (a test's own sanity margin,
 # not a numeric tolerance: tolerances come from attn_lib.tolerances).
@@ -185,16 +185,16 @@ def _numpy_reference(q, k, v, mask, causal, scale):
 
 
 def _tiled(q, k, v, mask, causal, scale, **blocks):
-    return flash_attention_torch(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+    return flash_attention_torch(q, k, v, is_causal=causal, scale=scale, key_mask=mask, **blocks)
 
 
 def _auto(q, k, v, mask, causal, scale):
-    return attn_lib.flash_attention(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask)
+    return attn_lib.flash_attention(q, k, v, is_causal=causal, scale=scale, key_mask=mask)
 
 
 def _triton(q, k, v, mask, causal, scale, **blocks):
-    # On CPU tensors attn_lib.flash runs the kernel under Triton's interpreter.
-    return attn_lib.flash_attention_triton(q, k, v, is_causal=causal, scale=scale, key_padding_mask=mask, **blocks)
+    # On CPU tensors attn_lib.flash.autograd runs the kernel under Triton's interpreter.
+    return attn_lib.flash_attention_triton(q, k, v, is_causal=causal, scale=scale, key_mask=mask, **blocks)
 
 
 def _decoding(q, k, v, mask, causal, scale):
@@ -213,6 +213,28 @@ def _decoding(q, k, v, mask, causal, scale):
     return out.reshape(B, L, H, Dv).transpose(1, 2)  # (B*L,H,1,Dv) -> (B,H,L,Dv)
 
 
+def _decoding_append(q, k, v, mask, causal, scale):
+    """flash_decoding with new keys: as ``_decoding``, but each step's last key and value come as the new k, v
+    (flash-attn's ``flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens)``). The cache holds the
+    n_b - 1 earlier keys, then a wrong key and value in the slot the new ones must overwrite (their negation),
+    then nan in the tail that the step must never read; cache_seqlens = n_b - 1."""
+    B, H, L, D = q.shape
+    S, Dv = k.shape[2], v.shape[3]
+    if S == 0:  # no key to append
+        return _decoding(q, k, v, mask, causal, scale)
+    seen = torch.tensor([min(i + 1, S) if causal else S for i in range(L)] * B, dtype=torch.long)  # (B*L,) keys
+    q1 = q.transpose(1, 2).reshape(B * L, H, 1, D)  # (B,H,L,D) -> (B*L,H,1,D)
+    k1, v1 = k.repeat_interleave(L, 0), v.repeat_interleave(L, 0)  # (B*L,H,S,D): the path's own copy
+    rows, last = torch.arange(B * L), seen - 1  # (B*L,): the slot of each step's new key
+    k_new, v_new = k1[rows, :, last][:, :, None], v1[rows, :, last][:, :, None]  # (B*L,H,1,D), (B*L,H,1,Dv)
+    k1[rows, :, last], v1[rows, :, last] = -k1[rows, :, last], -v1[rows, :, last]  # wrong until overwritten
+    tail = torch.arange(S)[None, :] >= seen[:, None]  # (B*L,S): never read
+    k1, v1 = k1.masked_fill(tail[:, None, :, None], float("nan")), v1.masked_fill(tail[:, None, :, None], float("nan"))
+    out = attn_lib.flash_decoding(q1, k1, v1, k_new, v_new, cache_seqlens=last, scale=scale,
+                                  backend="torch")  # (B*L,H,1,Dv)
+    return out.reshape(B, L, H, Dv).transpose(1, 2)  # (B*L,H,1,Dv) -> (B,H,L,Dv)
+
+
 PATHS: dict[str, Path] = {
     "torch_reference": Path("torch_reference", _torch_reference,
                             ("float64", "float32", "float16", "bfloat16"), ("none", "bool", "additive")),
@@ -222,7 +244,7 @@ PATHS: dict[str, Path] = {
     "tiled_cpu_flash": Path(
         "tiled_cpu_flash", lambda *a, **kw: _tiled(*a, **kw)[0], ("float64", "float32", "float16", "bfloat16"),
         ("none", "key_padding"), blocks=st.one_of(st.integers(2, 40), st.sampled_from([None, 1, 16, 64])),
-        with_lse=_tiled, notes="attn_lib.flash_torch.flash_attention_torch, random block sizes"),
+        with_lse=_tiled, notes="attn_lib.flash.tiled_forward.flash_attention_torch, random block sizes"),
     "flash_attention": Path(
         "flash_attention", _auto, ("float64", "float32", "float16", "bfloat16"), ("none", "key_padding"),
         notes="the public entry, backend='auto' (on CPU tensors: the tiled torch path, default blocks)"),
@@ -233,6 +255,10 @@ PATHS: dict[str, Path] = {
     "flash_decoding": Path(
         "flash_decoding", _decoding, ("float64", "float32", "float16", "bfloat16"), ("none",), max_len=40,
         notes="chapter 13's split-KV decode step, one query per step (ragged cache_seqlens), the torch path"),
+    "flash_decoding_append": Path(
+        "flash_decoding_append", _decoding_append, ("float64", "float32", "float16", "bfloat16"), ("none",),
+        max_len=40, notes="the decode step given its last key and value as new k, v, written into the cache in "
+                          "place at cache_seqlens (a wrong key there before, nan in the unread tail)"),
 }
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 # Shared helpers (attn_paths.py, site_server.py) live in tests/ itself; the tests live in
-# tests/unit, tests/contracts, tests/kernels and tests/book (see tests/README.md).
+# a folder per attn_lib subpackage, tests/topics, tests/book and tests/bench (see tests/README.md).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Agg for the plots made inside pytest's own process. Not through the MPLBACKEND environment
@@ -27,7 +27,7 @@ def rng():
 # "ci" (the default) gives every attention path >= 200 examples and keeps the whole property
 # suite well under 5 minutes on 2 cores; it is derandomized so `make test` is reproducible.
 # "long" explores much more, with fresh random examples each run:
-#     HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest tests/contracts/test_properties.py -o addopts=""
+#     HYPOTHESIS_PROFILE=long .venv/bin/python -m pytest tests/topics/test_properties.py -o addopts=""
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 _SLOW_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]

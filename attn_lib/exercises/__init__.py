@@ -1,8 +1,8 @@
-"""每章末尾的练习（第 1–12 章）：练习题的检查器：每章末尾的练习用 ``check("04-1", answer)`` 检查读者的答案。
+"""每章末尾的练习（第 1–13 章）：练习题的检查器：每章末尾的练习用 ``check("04-1", answer)`` 检查读者的答案。
 
 Each chapter registers its exercises in its own module ``chNN.py`` in this package (found
 automatically). A notebook's exercise leaves ``answer = None`` for the reader; the hidden
-cell after it calls ``check``. tests/test_exercises.py asserts that every registered
+cell after it calls ``check``. tests/book/test_exercises.py asserts that every registered
 reference answer passes and that a wrong answer fails.
 """
 from __future__ import annotations

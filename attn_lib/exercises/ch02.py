@@ -1,7 +1,7 @@
 """第 02 章（点积）的练习。参考答案是写死的数（注释里是手算过程），不调用 attn_lib。"""
 from __future__ import annotations
 
-from .. import worked_example as we
+from ..core import worked_example as we
 from . import Exercise, register
 
 register(Exercise(

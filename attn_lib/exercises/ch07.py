@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from .. import worked_example as we
+from ..core import worked_example as we
 from . import Exercise, register
 
 

@@ -23,7 +23,7 @@ register(Exercise(
     question="一层注意力有 8 个头，序列长度 4096，分数用 float16（每个数 2 字节）存。批大小为 1 时，"
              "这一层的分数矩阵 (B, H, L, S) 占多少 MiB（1 MiB = 2^20 字节）？",
     answer=256.0,  # 1·8·4096·4096 个数 × 2 字节 ÷ 2^20
-    hint="元素个数是 B·H·L·S = 1·8·4096·4096，再乘 2 字节，除以 2^20。也可以调用 attn_lib.io_model.score_matrix_bytes。",
+    hint="元素个数是 B·H·L·S = 1·8·4096·4096，再乘 2 字节，除以 2^20。也可以调用 attn_lib.costs.io_model.score_matrix_bytes。",
     atol=1e-6,
     wrong_example=8 * 4096 * 2 / 2**20,  # linear in the length: that is the size of one K row block, not the scores
 ))
@@ -34,7 +34,7 @@ register(Exercise(
              "外层循环一共走几趟（也就是整个 Q 从显存里被读了几遍）？",
     answer=16,  # Bc = ⌈65536 / 256⌉ = 256，Tc = ⌈4096 / 256⌉ = 16
     hint="Bc = ceil(M / 4d) = ceil(65536 / 256)；外层循环的趟数 Tc = ceil(N / Bc)。"
-         "可以用 attn_lib.io_model.flash_attention_io(4096, 64, 65536)['Tc'] 核对。",
+         "可以用 attn_lib.costs.io_model.flash_attention_io(4096, 64, 65536)['Tc'] 核对。",
     atol=0.0,
     wrong_example=1,
 ))

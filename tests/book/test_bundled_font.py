@@ -1,4 +1,4 @@
-"""The CJK font that ships with attn_lib (attn_lib/fonts/): size, license, coverage, and figures on a
+"""The CJK font that ships with attn_lib (attn_lib/data/fonts/): size, license, coverage, and figures on a
 machine without any font.
 
 The subset (scripts/make_font_subset.py) must cover every character of the chapters' code cells
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from attn_lib import fonts  # noqa: E402
+from attn_lib.figures import fonts  # noqa: E402
 
 HIDDEN_CHAPTERS = ["chapters/04_scaling.ipynb", "chapters/08_flash_attention.ipynb"]
 
@@ -61,7 +61,7 @@ for path in sys.argv[1:]:
             plt.figure(num).canvas.draw()
             figures += 1
         plt.close("all")
-    from attn_lib import fonts
+    from attn_lib.figures import fonts
     chosen = fonts.setup_chinese_font()
     where = font_manager.findfont(font_manager.FontProperties(family=chosen), fallback_to_default=False)
     report["chapters"][path] = {"figures": figures, "font": ns.get("font"), "chosen": chosen, "file": where}
@@ -85,7 +85,7 @@ def test_font_file_size_and_license():
     license_text = fonts.BUNDLED_LICENSE_PATH.read_text(encoding="utf-8")
     assert "SIL OPEN FONT LICENSE Version 1.1" in license_text and "Adobe" in license_text
     data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
-    assert {"fonts/*.otf", "fonts/OFL.txt"} <= set(data["attn_lib"]), data
+    assert {"fonts/*.otf", "fonts/OFL.txt"} <= set(data["attn_lib.data"]), data
 
 
 def test_font_names_itself_as_the_subset():

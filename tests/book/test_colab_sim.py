@@ -40,13 +40,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from book_helpers import NOTEBOOKS, ROOT, SETUP_CELL, UNCHECKED_TAGS, digest, read_notebook
-
-CHAPTERS = NOTEBOOKS
-# The kernels of this simulation run torch, OpenMP and MKL with 1 thread: this pass is also the
-# book's 1-thread pass (printed numbers identical with 1 and 2 threads; tests/book/test_reproducible.py
-# runs nbval with 2 threads where the main pass did not already).
-KERNEL_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+from book_helpers import COLAB_CHAPTERS as CHAPTERS
+from book_helpers import COLAB_KERNEL_THREADS as KERNEL_THREADS
+from book_helpers import ROOT, SETUP_CELL, UNCHECKED_TAGS, digest
 # What Colab has preinstalled that the chapters use (torch's CUDA build brings triton there).
 COLAB_PACKAGES = ["torch==2.13.0", "triton==3.7.1", "numpy", "matplotlib", "ipykernel", "ipywidgets"]
 _COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "_build", "build", "*.egg-info", "__pycache__",
@@ -130,7 +126,7 @@ def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     shown = _run([str(python), "-m", "pip", "show", "attn-lib"], cwd=colab_env["tmp"], env=colab_env["env"]).stdout
     assert "Name: attn-lib" in shown and "Editable project location" not in shown
     # The package data a chapter reads (chapter 08's benchmark table) came with the install.
-    data = _run([str(python), "-c", "from attn_lib.bench_data import load_cpu_bench, load_cpu_backward_bench, "
+    data = _run([str(python), "-c", "from attn_lib.data.tables import load_cpu_bench, load_cpu_backward_bench, "
                  "load_cpu_decode_bench; print(len(load_cpu_bench()['results']), len(load_cpu_backward_bench()['results']), "
                  "len(load_cpu_decode_bench()['results']))"],
                 cwd=colab_env["tmp"], env=colab_env["env"]).stdout

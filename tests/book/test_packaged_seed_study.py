@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from attn_lib import tiny_model
-from attn_lib.bench_data import load_seed_study
-from attn_lib.seed_study import DIGITS, KINDS, SEEDS
+from attn_lib.models import tiny_model
+from attn_lib.data.tables import load_seed_study
+from attn_lib.models.seed_study import DIGITS, KINDS, SEEDS
 from book_helpers import ROOT
 
 

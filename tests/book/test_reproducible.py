@@ -26,7 +26,7 @@ import sys
 
 import pytest
 
-from book_helpers import NOTEBOOKS, ROOT, digest
+from book_helpers import COLAB_CHAPTERS, COLAB_KERNEL_THREADS, NOTEBOOKS, ROOT, digest
 
 
 def _env(threads: int) -> dict:
@@ -83,11 +83,9 @@ def _main_pass_threads() -> int:
 
 def _colab_pass_in_this_run(session) -> bool:
     """Whether this run executes every chapter in the Colab-like simulation (its kernels: 1 thread)."""
-    from test_colab_sim import CHAPTERS as COLAB_CHAPTERS, KERNEL_THREADS
-
     ran = {item.callspec.params["chapter"].name for item in session.items
            if getattr(item, "originalname", None) == "test_chapter_runs_in_the_fresh_environment"}
-    return KERNEL_THREADS["OMP_NUM_THREADS"] == "1" and ran == {p.name for p in NOTEBOOKS} == \
+    return COLAB_KERNEL_THREADS["OMP_NUM_THREADS"] == "1" and ran == {p.name for p in NOTEBOOKS} == \
         {p.name for p in COLAB_CHAPTERS}
 
 

@@ -135,7 +135,7 @@ def test_setup_cell_installs_from_the_clone_it_runs_in(monkeypatch, tmp_path):
 
 
 def test_setup_cell_never_runs_apt(monkeypatch, tmp_path):
-    """The CJK font ships with attn_lib (attn_lib/fonts/): no apt-get on Colab or anywhere."""
+    """The CJK font ships with attn_lib (attn_lib/data/fonts/): no apt-get on Colab or anywhere."""
     monkeypatch.chdir(tmp_path)
     for colab in (True, False):
         calls, _, _ = _exec_cell(monkeypatch, importable=False, colab=colab)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from attn_lib.tolerances import LAYOUT_PX
+
 from site_server import (
     ROOT,
     SITE,
@@ -639,7 +641,7 @@ def test_chinese_is_two_columns_in_printed_output(context, base_url):
         if cjk:
             measured[rel] = cjk
             # 6 Han characters against 12 Latin letters: equal widths when a Han character is 2 columns.
-            assert abs(cjk["han"] - cjk["latin"]) <= 0.5, (
+            assert abs(cjk["han"] - cjk["latin"]) <= LAYOUT_PX, (
                 f"{rel}: 6 Chinese characters are {cjk['han']:.1f}px, 12 Latin letters {cjk['latin']:.1f}px "
                 f"in printed output (font {cjk['family']}); put the CJK monospace font first in book.css")
     assert measured, "no page with printed output to measure"

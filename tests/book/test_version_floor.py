@@ -38,8 +38,8 @@ def test_one_torch_floor_everywhere():
 
 
 def test_matplotlib_floor_has_labelfontfamily():
-    """attn_lib.plotting names the CJK font with tick_params(labelfontfamily=), new in matplotlib 3.8."""
-    assert "labelfontfamily" in (ROOT / "attn_lib" / "plotting.py").read_text(encoding="utf-8")
+    """attn_lib.figures.plotting names the CJK font with tick_params(labelfontfamily=), new in matplotlib 3.8."""
+    assert "labelfontfamily" in (ROOT / "attn_lib" / "figures" / "plotting.py").read_text(encoding="utf-8")
     assert tuple(int(p) for p in _pyproject_floor("matplotlib").split(".")) >= (3, 8)
 
 

@@ -1,0 +1,105 @@
+"""The house the package is: no import circles, the check package and the rules underneath everything,
+modules and functions short enough to read from a chapter, small internal signatures, no underscore
+module, no chapter that sends a reader to an underscore name, and every module naming its chapter."""
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+import pytest
+
+from book_helpers import NOTEBOOKS
+from package_graph import (FUNCTION_LIMIT, ROOT, SIGNATURE_LIMIT, cycles, folder_graph, functions, graph,
+                           is_internal, line_count, module_limit, modules, parameters)
+
+
+def test_the_reader_of_the_graph_sees_the_imports():
+    """The analysis itself: it finds a known edge, a lazy import and a `from pkg import submodule`."""
+    edges = graph()
+    assert "attn_lib.checks.doors" in edges["attn_lib.core.reference"]
+    assert "attn_lib.flash.tiled_forward" in edges["attn_lib.flash.autograd"]  # from . import tiled_forward
+    assert "attn_lib.rules.names" in edges["attn_lib.checks.values"]
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]  # a circle is found
+
+
+def test_no_module_imports_itself_back():
+    assert cycles(graph()) == []
+
+
+def test_no_folder_imports_itself_back():
+    """The subpackages form layers too: core, layers, flash, models ... never import each other in a loop."""
+    assert cycles(folder_graph()) == []
+
+
+def test_the_check_package_imports_only_the_rules():
+    """attn_lib.checks imports torch, numpy, the standard library and attn_lib.rules: no path, layer or model."""
+    outside = {(m, t) for m, targets in graph().items() if m.startswith("attn_lib.checks")
+               for t in targets if not t.startswith(("attn_lib.checks", "attn_lib.rules"))}
+    assert outside == set()
+
+
+def test_the_rules_are_a_leaf():
+    outside = {(m, t) for m, targets in graph().items() if m.startswith("attn_lib.rules")
+               for t in targets if not t.startswith("attn_lib.rules")}
+    assert outside == set()
+
+
+def test_modules_and_functions_stay_short_enough_to_read_from_a_chapter():
+    """Every module at most 300 lines (a Triton kernel file, with its launcher and grid, 400); every function,
+    kernels included, at most 60 lines, docstring included."""
+    too_long = [f"{name}: {line_count(path)} lines" for name, path in modules().items()
+                if line_count(path) > module_limit(name)]
+    too_long += [f"{m}.{q}: {fn.end_lineno - fn.lineno + 1} lines" for m, q, fn, _ in functions()
+                 if fn.end_lineno - fn.lineno + 1 > FUNCTION_LIMIT]
+    assert too_long == []
+
+
+def test_internal_signatures_take_at_most_eight_parameters():
+    """Cores, launchers, helpers and the checks take (q, k, v, settings) and a few more, not a bag of flags;
+    Triton kernels are exempt (a kernel's arguments are its pointers, strides and constexprs)."""
+    wide = [f"{m}.{q}: {parameters(fn)}" for m, q, fn, kernel in functions()
+            if not kernel and is_internal(m, q) and parameters(fn) > SIGNATURE_LIMIT]
+    assert wide == []
+
+
+def test_no_module_or_folder_starts_with_an_underscore():
+    """Internal means no chapter needs it, not an underscore: the folders say what each part is."""
+    hidden = [name for name in modules() if any(p.startswith("_") for p in name.split(".")[1:])]
+    assert hidden == []
+
+
+def _chapter_texts():
+    for path in NOTEBOOKS:
+        for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+            yield f"{path.name} cell {i}", "".join(cell["source"])
+
+
+def test_no_chapter_sends_a_reader_to_an_underscore_name():
+    """Paths and dotted names of attn_lib in a chapter, and the names of attn_lib's functions it quotes,
+    never start with an underscore."""
+    library_names = {q.split(".")[-1] for _, q, _, _ in functions()}
+    bad = []
+    for where, text in _chapter_texts():
+        for ref in re.findall(r"attn_lib(?:[./][\w]+)+", text):
+            bad += [f"{where}: {ref}" for part in re.split(r"[./]", ref)[1:]
+                    if part.startswith("_") and not (part.startswith("__") and part.endswith("__"))]
+        for word in re.findall(r"`(_[a-z]\w*)", text):
+            if word in library_names:
+                bad.append(f"{where}: `{word}`")
+    assert bad == []
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_every_module_docstring_names_its_chapter(name):
+    """A reader goes from a chapter to its code in one step: each module's first docstring line names the
+    chapter(s) it serves (a package's __init__ names the chapters of its modules)."""
+    doc = ast.get_docstring(ast.parse(modules()[name].read_text(encoding="utf-8"))) or ""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
+    assert re.search(r"第 ?[0-9]+(?:[、–-][0-9]+)* ?章", first), f"{name}: {first[:40]!r}"
+
+
+def test_the_folders_follow_the_book():
+    """The subpackages the README's module map describes are the ones there are."""
+    folders = sorted({n.split(".")[1] for n in modules() if n.count(".") >= 1 and (ROOT / n.replace(".", "/")).is_dir()})
+    assert folders == ["checks", "core", "costs", "data", "exercises", "figures", "flash", "layers", "models", "rules"]
