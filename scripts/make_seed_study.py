@@ -5,7 +5,7 @@
 
 Sets torch to one thread first (the study itself changes no process-wide setting): with one
 thread the float64 training is bit-identical whatever the machine's core count, and
-tests/book/test_seed_study.py recomputes the study this way and checks the shipped file.
+tests/book/test_packaged_seed_study.py recomputes the study this way and checks the shipped file.
 """
 from __future__ import annotations
 

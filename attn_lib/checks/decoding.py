@@ -34,8 +34,8 @@ def check_decode_queries(L: int, S: int) -> None:
     """解码一步的查询是缓存里最后 L 个位置：L 不能多于缓存的长度 S_max。"""
     if L > S:
         raise ValueError(
-            f"q must have at most S_max={S} queries (the L new queries are the last L positions of the cache "
-            f"k, v), got L={L}; append the new keys and values to the cache before the step"
+            f"q must have at most S_max={S} queries (the L new queries are the last L positions of k_cache, "
+            f"v_cache), got L={L}; use a cache with at least L positions, or split the queries into smaller steps"
         )
 
 

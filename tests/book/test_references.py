@@ -70,3 +70,30 @@ def test_every_path_exists(where, path):
     target = ROOT / path.replace("*", "")
     glob_ok = "*" in path and any(ROOT.glob(path))
     assert target.exists() or glob_ok, f"{where}: {path} does not exist"
+
+
+# Paths into the repository's own tests, scripts, benchmarks and CI, wherever a file names one (a docstring
+# pointing to the test that checks it, a chapter sending the reader to a script): each must exist.
+REPO_PATH = re.compile(r"(?<![\w./-])(?:tests|scripts|bench|\.ci)/[\w./-]*\.(?:py|sh|md|txt|json|yml)")
+# Written by `bench/gpu.py` on a GPU; none is committed until one has run.
+NOT_YET_WRITTEN = {"bench/results/gpu.json", "bench/results/gpu_decode.json", "bench/results/gpu_window.json"}
+
+
+def _repo_files():
+    for pattern in ("attn_lib/**/*.py", "tests/**/*.py", "scripts/*", "bench/*.py", "chapters/*.ipynb", "*.md",
+                    "tests/README.md", "_config.yml", "pyproject.toml", "Makefile", ".ci/run"):
+        yield from (p for p in ROOT.glob(pattern) if p.is_file() and ".venv" not in p.parts)
+
+
+REPO_PATHS = sorted({(p.relative_to(ROOT).as_posix(), m.group(0))
+                     for p in _repo_files() for m in REPO_PATH.finditer(p.read_text(encoding="utf-8"))})
+
+
+def test_the_scan_finds_repository_paths():
+    assert len(REPO_PATHS) > 50
+    assert ("tests/README.md", "tests/topics/test_suite_rules.py") in REPO_PATHS
+
+
+@pytest.mark.parametrize("where,path", [(w, p) for w, p in REPO_PATHS if p not in NOT_YET_WRITTEN])
+def test_every_repository_path_exists(where, path):
+    assert (ROOT / path).exists(), f"{where}: {path} does not exist"

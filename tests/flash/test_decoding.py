@@ -318,7 +318,8 @@ BAD = [
     ("enable_gqa None", fd(enable_gqa=None), TypeError, r"^enable_gqa must be True or False, got None$"),
     ("is_causal not bool", fd(is_causal=1), TypeError, r"^is_causal must be True or False, got 1$"),
     ("L > S_max", fd(q=torch.zeros(1, 2, 6, 4)), ValueError,
-     r"^q must have at most S_max=5 queries .* got L=6; append the new keys"),
+     r"^q must have at most S_max=5 queries \(the L new queries are the last L positions of k_cache, v_cache\), "
+     r"got L=6; use a cache with at least L positions, or split the queries into smaller steps$"),
     ("cache_seqlens a list", fd(cache_seqlens=[5]), TypeError, r"^cache_seqlens must be a torch\.Tensor or None, got list"),
     ("cache_seqlens float", fd(cache_seqlens=torch.tensor([5.0])), TypeError,
      r"^cache_seqlens must be an integer tensor .* got torch\.float32; convert with cache_seqlens\.to\(torch\.int32\)$"),

@@ -57,7 +57,7 @@ def _explicit(mask, L, S, is_causal, offset):
 # --- attend against the reference ---------------------------------------------------------------------------
 
 # The tiled path takes bool key padding masks only (other masks are refused at the layer's door,
-# tests/contracts/test_layer_backends.py): its cases are the ones it accepts, nothing is skipped.
+# tests/topics/test_layer_backends.py): its cases are the ones it accepts, nothing is skipped.
 _MASK_CASES = [(b, kind) for b in ("auto", "reference", "sdpa", "torch")
                for kind in ("none", "padding", "additive padding", "pattern")
                if not (b == "torch" and kind in ("additive padding", "pattern"))]

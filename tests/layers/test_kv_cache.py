@@ -5,7 +5,7 @@ equals one forward over the whole sequence (the layer's reference backend, no ca
 shared key/value heads (GQA, MQA), sliding windows (a rolling buffer whose ``seen`` keeps counting) and
 RoPE; a failed call leaves the cache as it was; one cache serves one layer; the cache survives pickling
 without its owner; ``state`` / ``restore``; the bottom-right mask it builds. (Which decode steps take
-flash_decoding: tests/layers/test_dispatch.py; bad input: rows in tests/contracts/test_bad_input.py.)
+flash_decoding: tests/layers/test_dispatch.py; bad input: rows in tests/topics/test_bad_input.py.)
 """
 import copy
 import gc

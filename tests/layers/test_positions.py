@@ -2,7 +2,7 @@
 
 Every check compares against an answer computed independently: the sinusoidal formula with Python's math
 module, RoPE as a multiplication of complex numbers. (RoPE inside a layer and a KV cache:
-tests/models/test_tiny_model.py and tests/layers/test_kv_cache.py; bad input: tests/contracts/test_bad_input.py.)
+tests/models/test_tiny_model.py and tests/layers/test_kv_cache.py; bad input: tests/topics/test_bad_input.py.)
 """
 from __future__ import annotations
 

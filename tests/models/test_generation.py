@@ -2,7 +2,7 @@
 
 The model is chapter 13's, trained for a few steps only (its logits are far from uniform, so
 ties cannot hide a difference); over reruns and thread counts: tests/models/test_tiny_lm.py; bad input:
-tests/contracts/test_bad_input.py.
+tests/topics/test_bad_input.py.
 """
 from __future__ import annotations
 

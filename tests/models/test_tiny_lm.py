@@ -2,7 +2,7 @@
 
 The model is trained once for the module (chapter 13's experiment, one thread, about 15 s); the corpus:
 test_lm_data.py; generation with and without the cache: test_generation.py; bad input:
-tests/contracts/test_bad_input.py.
+tests/topics/test_bad_input.py.
 """
 from __future__ import annotations
 
