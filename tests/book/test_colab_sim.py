@@ -118,6 +118,7 @@ def colab_env(tmp_path_factory):
     shutil.rmtree(tmp, ignore_errors=True)  # about 1.5 GB (torch); pytest would keep the last three runs
 
 
+@pytest.mark.slow
 def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     python = colab_env["python"]
     # Running the cell a second time (attn_lib now importable) does nothing and prints nothing.
@@ -223,11 +224,13 @@ def _compare(chapter: Path, result, where: str) -> None:
     assert not mismatched, f"{chapter.name}: the {where} environment printed different output:\n" + "\n".join(mismatched)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[p.name for p in CHAPTERS])
 def test_chapter_runs_in_the_fresh_environment(executed, colab_env, chapter):
     _compare(chapter, executed[chapter.name], "Colab-like")
 
 
+@pytest.mark.slow
 def test_widget_cells_ran_without_output_widget_emulation(executed):
     """The slider's figure is the cell's own output (nbclient mirrored nothing into the kernel)."""
     result = executed["04_scaling.ipynb"]
@@ -240,11 +243,13 @@ def test_widget_cells_ran_without_output_widget_emulation(executed):
     assert "application/vnd.jupyter.widget-view+json" in kinds and "image/png" in kinds, kinds
 
 
+@pytest.mark.slow
 def test_running_the_chapters_left_the_committed_files_untouched(executed):
     before, after = executed["digests"]
     assert len(before) == len(CHAPTERS) and after == before, "running the chapters changed the committed files"
 
 
+@pytest.mark.slow
 def test_chapters_ran_on_the_fresh_environment_s_attn_lib(executed, colab_env):
     probe = NotebookClient(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import attn_lib, sys, torch; print(sys.prefix); print(attn_lib.__file__); print(torch.get_num_threads())")]),
@@ -327,6 +332,7 @@ def modelscope_run(executed, colab_env):
             "torch_before": torch_before, "torch_after": _torch_record(python, env)}
 
 
+@pytest.mark.slow
 def test_modelscope_setup_cell_installed_from_the_clone_through_the_index(modelscope_run, colab_env):
     python = colab_env["python"]
     code = ("import importlib.metadata as m, json; d = m.distribution('attn-lib'); "
@@ -339,10 +345,12 @@ def test_modelscope_setup_cell_installed_from_the_clone_through_the_index(models
     assert "github.com" not in log
 
 
+@pytest.mark.slow
 def test_modelscope_keeps_the_instance_s_torch(modelscope_run):
     assert modelscope_run["torch_after"] == modelscope_run["torch_before"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELSCOPE_CHAPTERS)
 def test_chapter_runs_from_a_clone_on_modelscope(modelscope_run, name):
     _compare(ROOT / "chapters" / name, modelscope_run["results"][name], "ModelScope-like")

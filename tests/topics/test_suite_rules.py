@@ -10,7 +10,9 @@
 - one test file per module, in folders that mirror the package: ``tests/<path>/test_<module>.py`` tests
   ``attn_lib/<path>/<module>.py`` (``tests/test_device.py`` tests ``attn_lib/device.py``); topic files
   are in ``tests/topics``, the book's in ``tests/book``, the benchmarks' in ``tests/bench``; below
-  ``tests/`` a folder holds test files only (and a conftest.py).
+  ``tests/`` a folder holds test files only (and a conftest.py); and the other way round, every module
+  has its test file, but for the book's exercises (``attn_lib/exercises``: tests/book/test_exercises.py and
+  tests/book/test_code_exercises.py check every one of them, with the notebooks that ask them).
 """
 from __future__ import annotations
 
@@ -140,6 +142,22 @@ def mirror_problem(path: Path) -> str | None:
     return f"tests/{rel}: no module attn_lib/{module.as_posix()} to mirror"
 
 
+# Modules whose tests are not a mirror file: the book's exercises are checked with the chapters that ask them.
+UNMIRRORED = ("exercises",)
+
+
+def modules_without_a_test_file() -> list[str]:
+    """The modules of attn_lib with no ``tests/<path>/test_<module>.py`` (``__init__.py`` aside)."""
+    missing = []
+    for module in sorted(PACKAGE.rglob("*.py")):
+        rel = module.relative_to(PACKAGE)
+        if module.name == "__init__.py" or rel.parts[0] in UNMIRRORED or "__pycache__" in rel.parts:
+            continue
+        if not (TESTS / rel.parent / f"test_{module.name}").is_file():
+            missing.append(f"attn_lib/{rel.as_posix()}: no tests/{(rel.parent / f'test_{module.name}').as_posix()}")
+    return missing
+
+
 def _violations(check, files) -> list[str]:
     return [v for f in files for v in check(f)]
 
@@ -185,6 +203,10 @@ def test_no_test_file_imports_another():
 
 def test_every_test_file_mirrors_a_module_or_is_a_topic():
     assert [p for p in map(mirror_problem, suite_files()) if p] == []
+
+
+def test_every_module_has_its_test_file():
+    assert modules_without_a_test_file() == []
 
 
 @pytest.mark.parametrize("check", [tolerance_literals, default_tolerances, imports_of_tests],
