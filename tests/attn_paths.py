@@ -463,15 +463,13 @@ def reference_grads(q, k, v, dout, kpm=None, causal=False, scale=None):
 
 
 def visible_band(L, S, is_causal, window, offset=0):
-    """(L, S) bool from the definition: query i sees key j iff i+off-left <= j <= i+off+right (and j <= i+off)."""
+    """(L, S) bool written out from flash-attn's rule, in Python ints (any window, even 2**64): query i, at
+    position p = i + offset among the keys, sees key j iff p - left <= j <= p + right (-1 = unbounded) and,
+    with ``is_causal``, j <= p. Independent of attn_lib.rules.band."""
     left, right = window if window is not None else (-1, -1)
-    i = torch.arange(L)[:, None] + offset
-    j = torch.arange(S)[None, :]
-    ok = torch.ones(L, S, dtype=torch.bool)
-    if left >= 0:
-        ok &= j >= i - left
-    if right >= 0:
-        ok &= j <= i + right
-    if is_causal:
-        ok &= j <= i
-    return ok
+
+    def sees(i: int, j: int) -> bool:
+        p = i + offset
+        return (left < 0 or j >= p - left) and (right < 0 or j <= p + right) and (not is_causal or j <= p)
+
+    return torch.tensor([[sees(i, j) for j in range(S)] for i in range(L)], dtype=torch.bool).reshape(L, S)

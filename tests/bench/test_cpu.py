@@ -1,6 +1,6 @@
 """bench/cpu.py (chapters 08, 09 and 12's CPU benchmarks): the argument defaults, the tables, the merge of
-rounds, that every timed callable computes what its name says (against SDPA given a band built by a loop
-here, or the float64 reference), that the output names what each side calls, and smoke runs of the main
+rounds, that every timed callable computes what its name says (against SDPA given a band from
+tests/attn_paths.visible_band, or the float64 reference), that the output names what each side calls, and smoke runs of the main
 suite and of the window / GQA suites. Timings are never asserted."""
 import importlib.util as iu
 import json
@@ -14,20 +14,13 @@ import torch.nn.functional as F
 
 import attn_lib
 from attn_lib.tolerances import assert_close
+from attn_paths import visible_band
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_PATH = ROOT / "bench" / "cpu.py"
 _spec = iu.spec_from_file_location("bench_cpu", CPU_PATH)
 cpu = iu.module_from_spec(_spec)
 _spec.loader.exec_module(cpu)
-
-
-def band_by_loops(N, window):
-    keep = torch.zeros(N, N, dtype=torch.bool)
-    for i in range(N):
-        for j in range(N):
-            keep[i, j] = j <= i and (window is None or i - j <= window)
-    return keep
 
 
 # --- the main suite -------------------------------------------------------------------------------------------
@@ -138,7 +131,7 @@ def test_the_suite_table():
 def test_the_sdpa_band_case_is_the_band():
     q, k, v, dout = inputs(2, 2)
     out = cpu.suite_case_fn("sdpa_band", q, k, v, dout, 5, "fwd")()  # (B,H,N,D)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=band_by_loops(40, 5))  # (B,H,N,D)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=visible_band(40, 40, True, (5, 0)))  # (B,H,N,D)
     assert_close(out, want, dtype=torch.float32)
 
 
@@ -149,7 +142,7 @@ def test_tiled_and_gqa_suite_cases_compute_what_they_say(impl, H_kv, window, mod
     q, k, v, dout = inputs(4, H_kv, grad=mode == "fwd_bwd")
     out = cpu.suite_case_fn(impl, q, k, v, dout, window, mode)()  # (B,H,N,D)
     kr, vr = (t.detach().repeat_interleave(4 // H_kv, dim=1) for t in (k, v))  # (B,H,N,D), the oracle only
-    want = F.scaled_dot_product_attention(q.detach(), kr, vr, attn_mask=band_by_loops(40, window))  # (B,H,N,D)
+    want = F.scaled_dot_product_attention(q.detach(), kr, vr, attn_mask=visible_band(40, 40, True, None if window is None else (window, 0)))  # (B,H,N,D)
     assert_close(out.detach(), want, dtype=torch.float32)
     if mode == "fwd_bwd":
         assert all(t.grad is not None and t.grad.shape == t.shape for t in (q, k, v))

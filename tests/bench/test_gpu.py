@@ -1,6 +1,6 @@
 """bench/gpu.py without a GPU: its arguments, FLOP and byte counts (against counts by loops or by real tensors),
 its tables, the peak bandwidth it cites, that every timed callable computes what its name says (under Triton's
-interpreter, against the float64 reference or torch's SDPA with a mask built by a loop here), that its
+interpreter, against the float64 reference or torch's SDPA with a mask from tests/attn_paths.visible_band), that its
 correctness checks pass and catch a wrong kernel, and ``--compile-only SM``: attn_lib's launchers run for a GPU
 of compute capability SM with every kernel compiled by Triton instead of launched (each compile in a subprocess,
 since this process's Triton is in interpreter mode). Timings are never asserted."""
@@ -19,6 +19,7 @@ import attn_lib
 from attn_lib.flash import splits
 from attn_lib.flash.triton.configs import candidate_configs, decode_configs
 from attn_lib.tolerances import assert_close
+from attn_paths import visible_band
 
 # Do not `import triton` here: attn_lib.device decides the process's Triton mode first.
 pytestmark = pytest.mark.skipif(iu.find_spec("triton") is None, reason="triton is not installed")
@@ -52,17 +53,9 @@ def test_attention_flops_and_shapes():
     assert gpu.shape_for(4096, 64, 1, 8) == (1, 8)
 
 
-def _band_by_loops(N, window):
-    keep = torch.zeros(N, N, dtype=torch.bool)
-    for i in range(N):
-        for j in range(N):
-            keep[i, j] = j <= i and (window is None or i - j <= window)
-    return keep
-
-
 @pytest.mark.parametrize("N,window", [(1, None), (7, None), (7, 0), (7, 2), (7, 6), (7, 50), (33, 5)])
 def test_band_pairs_counts_the_visible_pairs(N, window):
-    assert gpu.band_pairs(N, window) == int(_band_by_loops(N, window).sum())
+    assert gpu.band_pairs(N, window) == int(visible_band(N, N, True, None if window is None else (window, 0)).sum())
 
 
 def test_pair_flops():
@@ -224,10 +217,10 @@ def test_main_suite_callables_compute_attention_and_its_gradients():
 
 
 def _sdpa_band(q, k, v, window):
-    """SDPA with the causal (window) band as a bool mask written by loops, K and V repeated over the group."""
+    """SDPA with the causal (window) band as a bool mask from the definition, K and V repeated over the group."""
     G = q.shape[1] // k.shape[1]
     kr, vr = (t.detach().repeat_interleave(G, dim=1) for t in (k, v))  # (B,H,N,D): the oracle only
-    return F.scaled_dot_product_attention(q.detach(), kr, vr, attn_mask=_band_by_loops(q.shape[2], window))
+    return F.scaled_dot_product_attention(q.detach(), kr, vr, attn_mask=visible_band(q.shape[2], q.shape[2], True, None if window is None else (window, 0)))
 
 
 @pytest.mark.parametrize("impl,H_kv,window", [("triton_window", 2, 5), ("triton_causal", 4, None),
@@ -250,7 +243,7 @@ def test_window_and_gqa_suite_callables_compute_what_they_say(impl, H_kv, window
     leaves = _leaves((q, k, v), True)
     G = 4 // H_kv
     want = F.scaled_dot_product_attention(leaves[0], *(t.repeat_interleave(G, dim=1) for t in leaves[1:]),
-                                          attn_mask=_band_by_loops(40, window))  # (B,H,N,D), K, V repeated
+                                          attn_mask=visible_band(40, 40, True, None if window is None else (window, 0)))  # (B,H,N,D), K, V repeated
     want.backward(dout)  # the repeat's backward sums the group's gradients
     for got, ref in zip((q, k, v), leaves):
         assert_close(got.grad, ref.grad, what=f"{impl} gradient", kind="gradient")

@@ -1,5 +1,5 @@
-"""Masks (attn_lib.core.masks): causal (top-left and bottom-right, against torch), sliding window (against a
-loop written from flash-attn's rule), padding, bool <-> additive conversion, and the device of every mask."""
+"""Masks (attn_lib.core.masks): causal (top-left and bottom-right, against torch), sliding window (against
+tests/attn_paths.visible_band, written from flash-attn's rule), padding, bool <-> additive conversion, and the device of every mask."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,22 +8,9 @@ from torch.nn.attention.bias import causal_lower_right
 import attn_lib
 from attn_lib.core.masks import additive_to_bool, bool_to_additive, causal_mask, padding_mask, sliding_window_mask
 from attn_lib.tolerances import assert_close
+from attn_paths import visible_band
 
 HUGE = 2**64  # wider than any sequence
-
-
-def loop_band(L, S, window_size, is_causal=False, offset=0):
-    """flash-attn's rule written out with loops: query i sees key j iff i+o-left <= j <= i+o+right; causal: right = 0."""
-    left, right = window_size
-    keep = torch.zeros(L, S, dtype=torch.bool)
-    for i in range(L):
-        for j in range(S):
-            p = i + offset  # the query's position among the keys
-            ok = (left < 0 or j >= p - left) and (right < 0 or j <= p + right)
-            if is_causal:
-                ok = ok and j <= p
-            keep[i, j] = ok
-    return keep
 
 
 def case_ids(value):
@@ -89,10 +76,10 @@ def test_sliding_window_mask_matches_the_loop(lengths, window, align):
     offset = 0 if align == "top-left" else S - L
     got = sliding_window_mask(L, S, window_size=window, align=align)
     assert got.dtype == torch.bool and got.shape == (L, S)
-    assert torch.equal(got, loop_band(L, S, window, False, offset))
+    assert torch.equal(got, visible_band(L, S, False, window, offset))
     if window[1] in (-1, 0):
         causal = sliding_window_mask(L, S, window_size=list(window), is_causal=True, align=align)
-        assert torch.equal(causal, loop_band(L, S, window, True, offset))
+        assert torch.equal(causal, visible_band(L, S, True, window, offset))
 
 
 def test_sliding_window_mask_without_limits_is_causal_mask():

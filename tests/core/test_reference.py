@@ -1,5 +1,5 @@
 """The reference attention (attn_lib.core.reference: attention, attention_core) against independent oracles:
-torch's SDPA (masks, scale, enable_gqa), an explicit band mask built by a loop from flash-attn's rule (windows,
+torch's SDPA (masks, scale, enable_gqa), an explicit band mask from flash-attn's rule (tests/attn_paths.visible_band) (windows,
 both alignments), the reference itself with K and V repeated by hand, and the overflow rule."""
 import math
 
@@ -16,7 +16,7 @@ from attn_lib.rules.numerics import OVERFLOW_MESSAGE
 from attn_lib.rules.settings import AttentionSettings
 from attn_lib.tolerances import assert_close
 
-from attn_paths import randn64
+from attn_paths import randn64, visible_band
 
 SHAPES = [(1, 1, 1, 1, 4, 4), (2, 3, 5, 7, 8, 6), (1, 2, 17, 17, 16, 16), (2, 1, 9, 4, 3, 5)]
 HEADS = [(6, 2), (8, 1), (4, 4)]  # (H, H_kv): GQA, MQA, plain multi-head
@@ -37,20 +37,6 @@ def qkv(B, H, Hkv, L, S, D=12, Dv=10, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(B, H, L, D, generator=g, dtype=dtype), torch.randn(B, Hkv, S, D, generator=g, dtype=dtype),
             torch.randn(B, Hkv, S, Dv, generator=g, dtype=dtype))
-
-
-def loop_band(L, S, window_size, is_causal=False, offset=0):
-    """flash-attn's rule written out with loops: query i sees key j iff i+o-left <= j <= i+o+right; causal: right = 0."""
-    left, right = window_size
-    keep = torch.zeros(L, S, dtype=torch.bool)
-    for i in range(L):
-        for j in range(S):
-            p = i + offset  # the query's position among the keys
-            ok = (left < 0 or j >= p - left) and (right < 0 or j <= p + right)
-            if is_causal:
-                ok = ok and j <= p
-            keep[i, j] = ok
-    return keep
 
 
 def sdpa_oracle(q, k, v, visible):
@@ -260,14 +246,14 @@ def test_a_harmless_minus_inf_score_stays_harmless_beside_a_row_that_sees_no_key
 @pytest.mark.parametrize("lengths", LENGTHS, ids=case_ids)
 @pytest.mark.parametrize("window,causal", WINDOW_CASES, ids=lambda c: case_ids(c) if isinstance(c, tuple) else
                          ("causal" if c else "full"))
-def test_reference_matches_sdpa_with_gqa_and_a_loop_band(heads, lengths, window, causal):
+def test_reference_matches_sdpa_with_gqa_and_a_written_out_band(heads, lengths, window, causal):
     (H, Hkv), (L, S) = heads, lengths
     q, k, v = qkv(2, H, Hkv, L, S)
     kpm = torch.ones(2, S, dtype=torch.bool)
     kpm[1, S // 2:] = False  # the second sequence's last keys are padding
     out, scores = attn_lib.attention(q, k, v, mask=kpm[:, None, None, :], is_causal=causal, enable_gqa=True,
                                      window_size=window)
-    visible = loop_band(L, S, window, causal)[None, None] & kpm[:, None, None, :]  # (B,1,L,S)
+    visible = visible_band(L, S, causal, window)[None, None] & kpm[:, None, None, :]  # (B,1,L,S)
     want, seen = sdpa_oracle(q, k, v, visible)
     assert_close(out, want, dtype=torch.float64)
     assert scores.shape == (2, H, L, S)
@@ -288,7 +274,7 @@ def test_bottom_right_follows_flash_attn_rule(lengths, window, causal):
     # a row that sees nothing gives zeros
     L, S = lengths
     q, k, v = qkv(2, 4, 2, L, S, D=6, Dv=5, seed=L * 10 + S)
-    visible = loop_band(L, S, window, causal, offset=S - L)[None, None]  # (1,1,L,S)
+    visible = visible_band(L, S, causal, window, S - L)[None, None]  # (1,1,L,S)
     want, seen = sdpa_oracle(q, k, v, visible)
     out, scores = attn_lib.attention(q, k, v, is_causal=causal, window_size=window, align="bottom-right",
                                      enable_gqa=True)
@@ -344,7 +330,7 @@ def test_window_and_an_additive_mask_combine():
     q, k, v = qkv(1, 4, 2, 8, 8)
     bias = torch.randn(8, 8, dtype=torch.float64)
     out, _ = attn_lib.attention(q, k, v, mask=bias, enable_gqa=True, window_size=(2, 1))
-    visible = loop_band(8, 8, (2, 1))
+    visible = visible_band(8, 8, False, (2, 1))
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~visible, float("-inf")),
                                           enable_gqa=True)
     assert_close(out, want, dtype=torch.float64)
@@ -356,7 +342,7 @@ def test_core_band_offset_aligns_the_window(offset):
     settings = AttentionSettings(band=Band.resolve(5, 9, is_causal=True, window_size=(2, 0), offset=offset),
                                  scale=12 ** -0.5, work_dtype=torch.float64)
     out, scores = attention_core(q, k, v, None, settings)
-    visible = loop_band(5, 9, (2, 0), True, offset)
+    visible = visible_band(5, 9, True, (2, 0), offset)
     want, _ = sdpa_oracle(q, k, v, visible)
     assert_close(out, want, dtype=torch.float64)
     assert bool((scores[..., ~visible] == 0).all())
@@ -414,7 +400,7 @@ def test_a_window_wider_than_any_sequence_limits_nothing():
 def test_float32_gqa_window_matches_float64_reference():
     q, k, v = qkv(1, 8, 2, 11, 13, dtype=torch.float32)
     out, _ = attn_lib.attention(q, k, v, enable_gqa=True, window_size=(4, 0), is_causal=True)
-    visible = loop_band(11, 13, (4, 0), True)[None, None]
+    visible = visible_band(11, 13, True, (4, 0))[None, None]
     ref, _ = sdpa_oracle(q.double(), k.double(), v.double(), visible)
     assert out.dtype == torch.float32
     assert_close(out, ref, dtype=torch.float32)

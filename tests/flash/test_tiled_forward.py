@@ -182,17 +182,6 @@ def ids(c):
     return "causal" if c is True else "full" if c is False else str(c)
 
 
-def loop_band(L, S, window_size, is_causal=False, offset=0):
-    """(L, S) bool by a double loop: query i (position i + offset) sees key j."""
-    left, right = window_size
-    keep = torch.zeros(L, S, dtype=torch.bool)
-    for i in range(L):
-        for j in range(S):
-            p = i + offset
-            keep[i, j] = (left < 0 or j >= p - left) and (right < 0 or j <= p + right) and (not is_causal or j <= p)
-    return keep
-
-
 @pytest.mark.parametrize("heads", HEADS, ids=ids)
 @pytest.mark.parametrize("window,causal", WINDOW_CASES, ids=ids)
 @pytest.mark.parametrize("lengths", [(13, 11), (13, 17)], ids=ids)
@@ -200,7 +189,7 @@ def test_gqa_and_windows_match_the_reference(heads, window, causal, lengths):
     (H, Hkv), (L, S) = heads, lengths
     q, k, v = qkv(2, H, Hkv, L, S)
     key_mask = half_padded(2, S)
-    visible = loop_band(L, S, window, causal) & key_mask[:, None, None, :]  # (B,1,L,S)
+    visible = visible_band(L, S, causal, window) & key_mask[:, None, None, :]  # (B,1,L,S)
     ref, _ = attn_lib.attention(q, k, v, mask=visible, enable_gqa=True)
     for bm, bn in [(4, 3), (5, 7)]:  # do not divide L = 13, S = 11 / 17
         out, lse = flash_attention_torch(q, k, v, is_causal=causal, key_mask=key_mask, block_m=bm, block_n=bn,
@@ -211,10 +200,10 @@ def test_gqa_and_windows_match_the_reference(heads, window, causal, lengths):
 
 @pytest.mark.parametrize("heads", HEADS, ids=ids)
 @pytest.mark.parametrize("window", [(0, 0), (3, 2), (-1, 4), (5, 0)], ids=ids)
-def test_gqa_and_windows_match_sdpa_with_a_loop_band(heads, window):
+def test_gqa_and_windows_match_sdpa_with_a_written_out_band(heads, window):
     H, Hkv = heads
     q, k, v = qkv(1, H, Hkv, 15, 9)
-    visible = loop_band(15, 9, window)
+    visible = visible_band(15, 9, False, window)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=H != Hkv)
     seen = visible.any(-1)[:, None]  # (L,1): SDPA gives nan for a row that sees no key, we give 0
     want = torch.where(seen, want, torch.zeros_like(want))
@@ -233,7 +222,7 @@ def test_a_float32_gqa_window_with_padding_matches_the_float64_reference():
     q, k, v = qkv(2, 8, 2, 33, 29, dtype=torch.float32)
     key_mask = half_padded(2, 29)
     out, _ = flash_attention_torch(q, k, v, is_causal=True, key_mask=key_mask, enable_gqa=True, window_size=(7, 0))
-    visible = loop_band(33, 29, (7, 0), True) & key_mask[:, None, None, :]
+    visible = visible_band(33, 29, True, (7, 0)) & key_mask[:, None, None, :]
     ref, _ = attn_lib.attention(q.double(), k.double(), v.double(), mask=visible, enable_gqa=True)
     assert out.dtype == torch.float32
     assert_close(out, ref, dtype=torch.float32)

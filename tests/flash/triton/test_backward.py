@@ -5,7 +5,7 @@ float64 reference's gradients.
 Answers: ``torch.autograd`` through ``attn_lib.attention`` in float64 (``attn_paths.reference_grads``), and for
 grouped-query attention, sliding windows and the alignment autograd through a plain float64 formula written here
 (K and V repeated over the group with ``repeat_interleave``, so the group's dK, dV are summed by the repeat's
-backward; the kernels sum them on chip) with the band built by a loop from flash-attn's definition (query i sees
+backward; the kernels sum them on chip) with the band from flash-attn's definition (tests/attn_paths.visible_band: query i sees
 key j iff ``i + offset - left <= j <= i + offset + right``, -1 = unbounded, ``is_causal`` hides j > i + offset;
 offset 0 top-left, S - L bottom-right, another offset through the launcher with a hand-made ``Band``). float32
 meets the gradient tolerance of ``attn_lib.tolerances``; float16 and bfloat16 follow flash-attn's rule against a
@@ -25,7 +25,7 @@ from attn_lib.rules.band import Band
 from attn_lib.rules.settings import AttentionSettings
 from attn_lib.tolerances import assert_close, assert_flash_rule
 
-from attn_paths import flash_inputs, reference_grads
+from attn_paths import flash_inputs, reference_grads, visible_band
 
 # Do not `import triton` here: attn_lib.device decides the process's Triton mode first.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -306,19 +306,6 @@ def test_backward_never_creates_an_l_by_s_tensor():
 D, DV = 12, 10  # not powers of two, D != Dv
 
 
-def band_by_loop(L, S, window, causal, offset):
-    """(L, S) bool, True = query i sees key j, written out from flash-attn's rule (not from attn_lib.rules.band)."""
-    left, right = window
-    visible = torch.zeros(L, S, dtype=torch.bool)
-    for i in range(L):
-        for j in range(S):
-            ok = not (causal and j > i + offset)
-            ok = ok and not (left >= 0 and j < i + offset - left)
-            ok = ok and not (right >= 0 and j > i + offset + right)
-            visible[i, j] = ok
-    return visible
-
-
 def plain_with_grads(q, k, v, dout, visible, dtype):
     """dq, dk, dv by autograd through the plain formula in ``dtype``; K, V repeated over the group (its backward
     sums the group's gradients)."""
@@ -368,7 +355,7 @@ def offset_of(align, L, S):
 def run_gqa_case(shape, window, causal, align, padding, dtype, blocks, seed=0):
     B, H, H_kv, L, S = shape
     q, k, v, dout, kpm = make_case(B, H, H_kv, L, S, padding, seed)
-    visible = band_by_loop(L, S, window, causal, offset_of(align, L, S))[None, None]  # (1,1,L,S)
+    visible = visible_band(L, S, causal, window, offset_of(align, L, S))[None, None]  # (1,1,L,S)
     if kpm is not None:
         visible = visible & kpm[:, None, None, :]  # (B,1,L,S)
     ref = plain_with_grads(q, k, v, dout, visible, torch.float64)
@@ -438,7 +425,7 @@ def test_blocks_outside_the_band_are_never_read():
     for L, S, offset, poison_keys, poison_queries in ((16, 80, 40, list(range(32)) + list(range(64, 80)), []),
                                                       (64, 16, -40, [], list(range(32)))):
         q, k, v, dout, _ = make_case(1, 4, 2, L, S, False, seed=5)
-        ref = plain_with_grads(q, k, v, dout, band_by_loop(L, S, (5, 0), True, offset)[None, None], torch.float64)
+        ref = plain_with_grads(q, k, v, dout, visible_band(L, S, True, (5, 0), offset)[None, None], torch.float64)
         k[:, :, poison_keys] = float("nan")
         v[:, :, poison_keys] = float("nan")
         q[:, :, poison_queries] = float("nan")
@@ -523,7 +510,7 @@ def test_flash_attention_with_the_triton_backend_gqa_window_and_align(align):
     # flash_attention(backend="triton", enable_gqa, window_size, align) end to end against the plain formula
     B, H, H_kv, L, S = 1, 4, 2, 13, 29
     q, k, v, dout, _ = make_case(B, H, H_kv, L, S, False, seed=9)
-    ref = plain_with_grads(q, k, v, dout, band_by_loop(L, S, (4, 0), True, offset_of(align, L, S))[None, None],
+    ref = plain_with_grads(q, k, v, dout, visible_band(L, S, True, (4, 0), offset_of(align, L, S))[None, None],
                            torch.float64)
     _, got = grads_of(lambda q, k, v: flash_attention(q, k, v, is_causal=True, window_size=(4, 0), align=align,
                                                       enable_gqa=True, backend="triton"),

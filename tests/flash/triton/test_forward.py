@@ -4,7 +4,7 @@
 Answers: ``attn_lib.attention`` in float64 (``attn_paths.flash_reference``) for key masks and causal, and for
 grouped-query attention, sliding windows and the alignment a plain float64 formula written here (K and V repeated
 over the group with ``repeat_interleave``, in this test only; the kernel reads the shared head in place) with the
-visible band built by a loop from flash-attn's definition: query i sees key j iff
+visible band from flash-attn's definition (tests/attn_paths.visible_band): query i sees key j iff
 ``i + offset - left <= j <= i + offset + right`` (-1 = unbounded; ``is_causal`` hides j > i + offset), offset 0
 top-left, S - L bottom-right, any other offset through the launcher with a hand-made ``Band``. float32 meets the
 float32 tolerance of ``attn_lib.tolerances``; float16 and bfloat16 follow flash-attn's rule against the same
@@ -24,7 +24,7 @@ from attn_lib.rules.band import Band
 from attn_lib.rules.settings import AttentionSettings
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol, max_abs_error
 
-from attn_paths import DISTINGUISHABLE, flash_inputs, flash_reference
+from attn_paths import DISTINGUISHABLE, flash_inputs, flash_reference, visible_band
 
 # Do not `import triton` here: attn_lib.device decides the process's Triton mode first.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -234,19 +234,6 @@ def test_the_gpu_paths_of_the_launcher_run_under_the_interpreter(monkeypatch, dt
 D, DV = 12, 10  # not powers of two, D != Dv
 
 
-def band_by_loop(L, S, window, causal, offset):
-    """(L, S) bool, True = query i sees key j, written out from flash-attn's rule (not from attn_lib.rules.band)."""
-    left, right = window
-    visible = torch.zeros(L, S, dtype=torch.bool)
-    for i in range(L):
-        for j in range(S):
-            ok = not (causal and j > i + offset)
-            ok = ok and not (left >= 0 and j < i + offset - left)
-            ok = ok and not (right >= 0 and j > i + offset + right)
-            visible[i, j] = ok
-    return visible
-
-
 def plain_attention(q, k, v, visible):
     """out (B,H,L,Dv) and lse (B,H,L) of the plain formula in q's dtype; K, V repeated over the group."""
     G = q.shape[1] // k.shape[1]
@@ -290,7 +277,7 @@ def offset_of(align, L, S):
 def run_case(shape, window, causal, align, padding, dtype, blocks, seed=0):
     B, H, H_kv, L, S = shape
     q, k, v, kpm = make_case(B, H, H_kv, L, S, padding, seed)
-    visible = band_by_loop(L, S, window, causal, offset_of(align, L, S))[None, None]  # (1,1,L,S)
+    visible = visible_band(L, S, causal, window, offset_of(align, L, S))[None, None]  # (1,1,L,S)
     if kpm is not None:
         visible = visible & kpm[:, None, None, :]  # (B,1,L,S)
     ref_out, ref_lse = plain_attention(q, k, v, visible)
@@ -366,7 +353,7 @@ def test_blocks_outside_the_band_are_never_read():
     for L, S, offset, poison_keys, poison_queries in ((16, 80, 40, list(range(32)) + list(range(64, 80)), []),
                                                       (64, 16, -40, [], list(range(32)))):
         q, k, v, _ = make_case(1, 4, 2, L, S, False, seed=5)
-        ref_out, _ = plain_attention(q, k, v, band_by_loop(L, S, (5, 0), True, offset)[None, None])
+        ref_out, _ = plain_attention(q, k, v, visible_band(L, S, True, (5, 0), offset)[None, None])
         k[:, :, poison_keys] = float("nan")
         v[:, :, poison_keys] = float("nan")
         q[:, :, poison_queries] = float("nan")
