@@ -1,6 +1,7 @@
 """attn_lib.layers.multihead: MultiHeadAttention against torch.nn.MultiheadAttention, plain torch written here
 (shared key/value heads repeated with ``repeat_interleave`` in this file only, the band from its definition),
-attn_lib.attention for the bottom-right alignment, and itself (causal parallel == sequential).
+attn_lib.attention for the bottom-right alignment and, for every query/key/value combination, the float64
+recomputation from its weights (attn_paths.mha_reference64), and itself (causal parallel == sequential).
 
 The per-head teaching version is tests/layers/test_multihead_looped.py; RoPE (RotaryMultiHeadAttention)
 is tests/models/test_tiny_model.py.
@@ -18,7 +19,7 @@ from attn_lib.checks.layers import check_layer_call
 from attn_lib.core.masks import causal_mask, padding_mask
 from attn_lib.tolerances import assert_close
 
-from attn_paths import DISTINGUISHABLE, randn64, seed_weights, visible_band
+from attn_paths import DISTINGUISHABLE, mha_reference64, randn64, seed_weights, visible_band
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 FAST = ["sdpa", "torch"] + (["triton"] if HAS_TRITON else [])
@@ -178,19 +179,6 @@ def _fused(**kw):
     return seed_weights(attn_lib.MultiHeadAttention(8, 2, **kw).double())
 
 
-def _ref_mha(layer, xq, xk, xv):
-    C, H = layer.d_model, layer.num_heads
-    w_q, w_k, w_v = layer.qkv.weight.split(C)
-    b_q, b_k, b_v = layer.qkv.bias.split(C)
-
-    def heads(y):  # (B,L,C) -> (B,H,L,D)
-        return y.reshape(y.shape[0], y.shape[1], H, C // H).transpose(1, 2)
-
-    out = torch.nn.functional.scaled_dot_product_attention(heads(xq @ w_q.T + b_q), heads(xk @ w_k.T + b_k),
-                                                           heads(xv @ w_v.T + b_v))
-    return layer.out_proj(out.transpose(1, 2).reshape(xq.shape))
-
-
 @pytest.mark.parametrize("which", ["kv_is_query", "k_is_query", "v_is_query", "kv_shared", "all_differ", "self"])
 def test_every_combination_of_query_key_value(which):
     layer = _fused()
@@ -199,7 +187,7 @@ def test_every_combination_of_query_key_value(which):
                   "all_differ": (x, y, z), "self": (x, None, None)}[which]
     with torch.no_grad():
         out = layer(xq, xk, xv)
-        expected = _ref_mha(layer, xq, xq if xk is None else xk, (xq if xk is None else xk) if xv is None else xv)
+        expected = mha_reference64(layer, xq, xk, xv)
     assert_close(out, expected, dtype="float64", what=which)
 
 
@@ -281,7 +269,7 @@ def test_the_tiled_backend_goes_through_the_tiled_path(monkeypatch):
         layer(randn64(1, 3, 8), need_weights=True)
     with torch.no_grad():
         out = layer(randn64(1, 3, 8))
-        want = _ref_mha(layer, *(randn64(1, 3, 8),) * 3)
+        want = mha_reference64(layer, *(randn64(1, 3, 8),) * 3)
     assert calls == ["torch"], "backend='torch': the heads go through the tiled path (attn_lib.flash.autograd)"
     assert_close(out, want, dtype=torch.float64)
 

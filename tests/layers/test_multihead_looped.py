@@ -1,6 +1,7 @@
 """attn_lib.layers.multihead_looped: the per-head teaching version computes what the fused MultiHeadAttention
 computes (the fused layer is itself tested against torch.nn.MultiheadAttention in test_multihead.py), with
-the same parameters, settings, checks and printed form; and against plain torch written here."""
+the same parameters, settings, checks and printed form; and against the float64 recomputation from the fused
+layer's weights (attn_paths.mha_reference64)."""
 import pytest
 import torch
 from torch import nn
@@ -11,27 +12,13 @@ from attn_lib import LoopedMultiHeadAttention, MultiHeadAttention, count_paramet
 from attn_lib.core.masks import causal_mask, padding_mask
 from attn_lib.tolerances import assert_close
 
-from attn_paths import DISTINGUISHABLE, randn64, seed_weights
+from attn_paths import DISTINGUISHABLE, mha_reference64, randn64, seed_weights
 
 HEADS = [(6, 2), (8, 1), (4, 4)]  # (H, H_kv): GQA, MQA, none shared
 
 
 def _fused(**kw):
     return seed_weights(attn_lib.MultiHeadAttention(8, 2, **kw).double())
-
-
-def _ref_mha(layer, xq, xk, xv):
-    """Plain SDPA over the fused layer's projections (H_kv = H)."""
-    C, H = layer.d_model, layer.num_heads
-    w_q, w_k, w_v = layer.qkv.weight.split(C)
-    b_q, b_k, b_v = layer.qkv.bias.split(C)
-
-    def heads(y):  # (B,L,C) -> (B,H,L,D)
-        return y.reshape(y.shape[0], y.shape[1], H, C // H).transpose(1, 2)
-
-    out = torch.nn.functional.scaled_dot_product_attention(heads(xq @ w_q.T + b_q), heads(xk @ w_k.T + b_k),
-                                                           heads(xv @ w_v.T + b_v))
-    return layer.out_proj(out.transpose(1, 2).reshape(xq.shape))
 
 
 def test_fused_equals_looped_per_head_version(rng):
@@ -74,7 +61,7 @@ def test_every_combination_of_query_key_value(which):
                   "all_differ": (x, y, z), "self": (x, None, None)}[which]
     with torch.no_grad():
         out = layer(xq, xk, xv)
-        expected = _ref_mha(fused, xq, xq if xk is None else xk, (xq if xk is None else xk) if xv is None else xv)
+        expected = mha_reference64(fused, xq, xk, xv)
     assert_close(out, expected, dtype="float64", what=f"looped {which}")
 
 
@@ -116,7 +103,7 @@ def test_looped_layer_honours_its_backend(monkeypatch):
     with torch.no_grad():
         out = flash(x)
     assert calls == ["torch", "torch"], "backend='torch': every head goes through the tiled path"
-    assert_close(out, _ref_mha(_fused(), x, x, x), dtype=torch.float64)
+    assert_close(out, mha_reference64(_fused(), x, x, x), dtype=torch.float64)
 
 
 def test_repr_names_sizes_and_a_non_default_backend():

@@ -17,6 +17,7 @@ import os
 import pytest
 import torch
 
+from attn_lib.costs.io_model import largest_tensor
 from attn_lib.flash.autograd import flash_attention
 from attn_lib.flash.naive import naive_attention
 from attn_lib.flash.triton import configs
@@ -441,29 +442,16 @@ def test_no_repeated_keys_or_values_are_allocated():
     # Every tensor torch creates during the backward call (the interpreter's storage copies included, counted in
     # bytes) is smaller than one repeated K or V, (B, H, S, D) or (B, H, S, Dv), or an unsummed per-query-head
     # dK, dV: the kernels read the shared head in place and sum dK, dV on chip.
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Sizes(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.numels = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            self.numels += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
-                            if isinstance(t, torch.Tensor)]
-            return out
-
     B, H, H_kv, L, S = 1, 8, 1, 5, 37
     q, k, v, dout, _ = make_case(B, H, H_kv, L, S, False, seed=7)
     ql, kl, vl, dol = (t.to(DEVICE, F32) for t in (q, k, v, dout))
     out, lse = flash_attention_triton(ql, kl, vl, enable_gqa=True, window_size=(3, 0))
-    with Sizes() as sizes:
-        _, dk, dv = flash_attention_triton_backward(ql, kl, vl, out, lse, dol, enable_gqa=True, window_size=(3, 0))
+    (_, dk, dv), largest = largest_tensor(flash_attention_triton_backward, ql, kl, vl, out, lse, dol, enable_gqa=True,
+                                          window_size=(3, 0))
     assert dk.shape == (B, H_kv, S, D) and dv.shape == (B, H_kv, S, DV)
     if DEVICE.type == "cpu":  # the recorder sees the interpreter's copies of K (a GPU kernel copies nothing)
-        assert max(sizes.numels) >= kl.numel()
-    assert max(sizes.numels) < B * H * S * min(D, DV), max(sizes.numels)
+        assert largest >= kl.numel()
+    assert largest < B * H * S * min(D, DV), largest
 
 
 # --- end to end: flash_attention(..., backend="triton") trains ----------------------------------------------------
