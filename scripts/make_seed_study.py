@@ -1,4 +1,4 @@
-"""Run chapter 10's seed study and write attn_lib/data/seed_study.json (read by chapters 10 and 11).
+"""Run chapter 10's seed study and write attn_lib/data/seed_study.json (read by chapters 10 to 12).
 
     python scripts/make_seed_study.py            # writes attn_lib/data/seed_study.json
     python scripts/make_seed_study.py --out x.json

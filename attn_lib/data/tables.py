@@ -14,7 +14,7 @@ table of ``bench/decode.py`` (``bench/results/cpu_decode.json``, shipped as
 
 ``attn_lib/data/seed_study.json`` is the result of ``attn_lib.models.seed_study.seed_study()`` (20
 trainings of chapter 10's tiny model), written by ``scripts/make_seed_study.py``; chapters 10
-and 11 read it with ``load_seed_study`` instead of training for minutes, and
+to 12 read it with ``load_seed_study`` instead of training for minutes, and
 ``tests/book/test_packaged_seed_study.py`` recomputes it and checks the file equals the fresh result.
 """
 from __future__ import annotations

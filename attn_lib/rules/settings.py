@@ -1,16 +1,20 @@
 """第 5–13 章共用（书中不单独讲）：一次调用的设置——门口检查一次、解析成一个冻结的对象，之后每个内核、启动器和 autograd Function 都只读它。
 
-Two kinds of objects:
+Three classes and the rules that read them:
 
 - ``Options``: the keyword arguments a public entry received, as they came (unchecked). The
   door (``attn_lib.checks``) checks them once and resolves them into
 - ``AttentionSettings``: which keys each query sees (``band``, the causal rule, the window and
   the alignment in one, already normalised for these L and S), the score scale and its base-2
   factors, the working dtype, the key mask, whether to check for overflow, the backend and any
-  block sizes the caller chose. ``DecodeSettings`` is the same for a decode step (ragged cache
-  lengths instead of a key mask).
+  block sizes the caller chose; or
+- ``DecodeSettings`` for a decode step: no band (a plain ``is_causal``, always bottom-right, no
+  window), no key mask (the cache lengths say which keys exist), no block sizes, and ``num_splits``.
+- ``layer_settings`` builds a layer call's ``AttentionSettings``; ``rows_with_keys`` and
+  ``raise_if_overflowed`` are the overflow rule on a row's log-sum-exp (the tiled and Triton paths).
 
-Cores take ``(q, k, v, settings)``: nothing below a door re-derives a dtype, a scale or a band.
+Cores take ``(q, k, v[, mask | saved], settings)`` (some also an optional counter, target or block
+sizes): nothing below a door re-derives a dtype, a scale or a band.
 """
 from __future__ import annotations
 
