@@ -1,4 +1,4 @@
-"""中文字体（各章共用；第 01–04、06–08、11 章的图）：先找系统里的中文字体，没有就用 attn_lib 自带的那一份。
+"""中文字体（各章共用，第 1–13 章的图）：先找系统里的中文字体，没有就用 attn_lib 自带的那一份。
 
 ``find_chinese_font()`` picks the first installed CJK font from ``CJK_FONT_CANDIDATES`` with
 matplotlib's public font API; when the machine has none (a bare Linux, a fresh cloud
