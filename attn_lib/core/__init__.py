@@ -1,4 +1,4 @@
-"""第 1–6、8 章（注意力的数学）：字典类比、点积、Softmax、缩放、参考实现、掩码、在线 Softmax。
+"""第 1–13 章（注意力的数学）：字典类比、点积、Softmax、缩放、参考实现、掩码、在线 Softmax。
 
 - ``lookup`` (01), ``similarity`` (02), ``softmax``, ``numpy_ref``, ``proportions`` (03),
   ``scaling`` (04), ``worked_example`` (every chapter: the vectors of the worked example);

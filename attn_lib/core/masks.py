@@ -1,4 +1,4 @@
-"""第 6、10、12 章（因果掩码、填充掩码、滑动窗口掩码）：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
+"""第 6、8、10、12 章（因果掩码、填充掩码、滑动窗口掩码）：决定每个查询可以看哪些键。布尔掩码 True = 可以看（与 torch 一致）。
 
 Two forms of the same information, both accepted by ``attn_lib.attention``:
 

@@ -1,4 +1,4 @@
-"""第 8 章（FlashAttention 之二，访存模型）：数一数标准注意力和分块注意力各要读写多少次慢速显存（HBM），单位是「元素个数」。
+"""第 8、9、12 章（FlashAttention 之二，访存模型）：数一数标准注意力和分块注意力各要读写多少次慢速显存（HBM），单位是「元素个数」。
 
 Counts follow the FlashAttention paper (Dao et al. 2022, arXiv 2205.14135) for one head
 (one (b, h) pair) with N queries, N keys and head dim d; M is the size of the fast on-chip

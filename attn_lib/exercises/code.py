@@ -1,4 +1,4 @@
-"""第 03、05、06 章（以及第 07、10 章）的写代码练习：读者自己写一个函数，检查器拿 PyTorch 核对。
+"""第 03、05、06、07、10、12、13 章的写代码练习：读者自己写一个函数，检查器拿 PyTorch 核对。
 
 The convention (one per code exercise, see DEVELOPERS.md):
 

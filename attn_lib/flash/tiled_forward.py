@@ -1,4 +1,4 @@
-"""第 8 章（分块 FlashAttention 的前向，纯 torch，任何设备）：一块查询配一块一块的键，从不存下整张 L×S 分数矩阵。
+"""第 8、9、12 章（分块 FlashAttention 的前向，纯 torch，任何设备）：一块查询配一块一块的键，从不存下整张 L×S 分数矩阵。
 
 The algorithm is FlashAttention-2's forward pass, written with the names of the Triton
 fused-attention tutorial so the two read side by side (``attn_lib/flash/triton/forward.py``):

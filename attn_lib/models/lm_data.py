@@ -1,4 +1,4 @@
-"""第 13 章（一个会写字的小模型）：用第 10 章的句子模板造的语料，给小语言模型做「预测下一个词」。
+"""第 13 章（一个会写字的小模型）：用 it_data（「它」指代的数据）的句子模板造的语料，给小语言模型做「预测下一个词」。
 
 Chapter 10's sentences (``attn_lib.models.it_data``: its classes, places, frames, held-out frames and
 templates), now read left to right as next-token prediction, with a measure word before each

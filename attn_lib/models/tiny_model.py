@@ -1,4 +1,4 @@
-"""第 10 章（一个会学习的小模型）：词向量 + 位置 + 两个头的多头注意力 + 读出层。
+"""第 10–12 章（一个会学习的小模型）：词向量 + 位置 + 两个头的多头注意力 + 读出层。
 
     x = embed(ids) (+ sinusoidal_positions)          (B, L, C)
     out = MultiHeadAttention(C, 2)(x, mask=padding)   (B, L, C); RoPE rotates q and k inside

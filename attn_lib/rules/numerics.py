@@ -1,4 +1,4 @@
-"""第 3–13 章共用（书中不单独讲）：数值规则只写在这一处——工作精度、默认缩放、溢出的界和报错、点积精度。
+"""第 3–13 章共用（书中不单独讲）：数值规则只写在这一处——工作精度、默认缩放、float32 的上界和溢出的报错、点积精度。
 
 Every attention path (reference, numpy twin, SDPA fast path, tiled torch, Triton) takes these
 rules from here, so that a reader who learns one rule in one chapter finds it true everywhere:

@@ -11,7 +11,8 @@ Three classes and the rules that read them:
 - ``DecodeSettings`` for a decode step: no band (a plain ``is_causal``, always bottom-right, no
   window), no key mask (the cache lengths say which keys exist), no block sizes, and ``num_splits``.
 - ``layer_settings`` builds a layer call's ``AttentionSettings``; ``rows_with_keys`` and
-  ``raise_if_overflowed`` are the overflow rule on a row's log-sum-exp (the tiled and Triton paths).
+  ``raise_if_overflowed`` are the overflow rule on a row's log-sum-exp (the tiled and Triton paths;
+  the naive path applies ``rows_with_keys`` to its row maximum).
 
 Cores take ``(q, k, v[, mask | saved], settings)`` (some also an optional counter, target or block
 sizes): nothing below a door re-derives a dtype, a scale or a band.

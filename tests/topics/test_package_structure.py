@@ -99,6 +99,57 @@ def test_every_module_docstring_names_its_chapter(name):
     assert re.search(r"第 ?[0-9]+(?:[、–-][0-9]+)* ?章", first), f"{name}: {first[:40]!r}"
 
 
+CHAPTERS = re.compile(r"第 ?([0-9]+(?:[、–-][0-9]+)*) ?章")
+
+
+def chapters_named(text: str) -> set[int]:
+    """Every chapter a text names as 第 N 章, 第 N、M 章 or 第 N–M 章."""
+    found = set()
+    for group in CHAPTERS.findall(text):
+        for part in group.split("、"):
+            lo, _, hi = part.replace("-", "–").partition("–")
+            found |= set(range(int(lo), int(hi or lo) + 1))
+    return found
+
+
+def first_docstring_line(name: str) -> str:
+    doc = ast.get_docstring(ast.parse(modules()[name].read_text(encoding="utf-8"))) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def test_chapters_named_reads_lists_and_ranges():
+    assert chapters_named("第 3、5 章（以及第 07–09 章）") == {3, 5, 7, 8, 9}
+    assert chapters_named("全书共用（第 1–13 章）") == set(range(1, 14))
+
+
+def test_a_package_names_every_chapter_its_modules_serve():
+    packages = [n for n in modules() if (ROOT / n.replace(".", "/")).is_dir()]
+    short = []
+    for package in packages:
+        served = set().union(*[chapters_named(first_docstring_line(m)) for m in modules()
+                               if m.startswith(package + ".") and m.count(".") == package.count(".") + 1])
+        missing = served - chapters_named(first_docstring_line(package))
+        if missing:
+            short.append(f"{package}: also chapters {sorted(missing)}")
+    assert short == []
+
+
+def test_the_readme_module_map_gives_each_module_its_docstring_chapters():
+    """In README's 「attn_lib 一览」, every `module`（chapters） names what the module's docstring names."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("## attn_lib 一览"):readme.index("一次调用怎么走")]
+    wrong = []
+    for row in table.splitlines()[3:]:
+        folder = re.match(r"\| `(\w+)/", row)
+        for module, numbers in re.findall(r"`(\w+)`（([0-9、–]+)）", row):
+            name = next((n for n in modules() if n.endswith("." + module) and
+                         (folder is None or f".{folder.group(1)}." in n)), None)
+            said = chapters_named(f"第 {numbers} 章")
+            if name is None or said != chapters_named(first_docstring_line(name)):
+                wrong.append(f"{module}（{numbers}）: {first_docstring_line(name)[:40] if name else 'no such module'}")
+    assert wrong == []
+
+
 def test_the_folders_follow_the_book():
     """The subpackages the README's module map describes are the ones there are."""
     folders = sorted({n.split(".")[1] for n in modules() if n.count(".") >= 1 and (ROOT / n.replace(".", "/")).is_dir()})
