@@ -1,4 +1,4 @@
-"""第 4–13 章与全部测试共用：全书唯一一处容差表：每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
+"""第 1–13 章与全部测试共用：全书唯一一处容差表：每条快速路径与参考实现比较时用的 rtol / atol 都写在这里。
 
 Every test and every notebook that compares a path (numpy, tiled CPU, fused multi-head,
 Triton) with the float64 reference takes its tolerance from here, so a reader can see in

@@ -1,4 +1,4 @@
-"""第 3、5 章（numpy 版）：softmax 与注意力：不想装 torch 的读者用它，语义与 torch 版完全相同。
+"""第 3、5 章的 numpy 对照版（章节里不调用）：softmax 与注意力：不想装 torch 的读者用它，语义与 torch 版完全相同。
 
 Same names, arguments, conventions and error messages as ``attn_lib.softmax`` and
 ``attn_lib.attention`` (see ``attn_lib.softmax`` for the -inf / all-masked-row rules).

@@ -1,4 +1,4 @@
-"""第 4、9、11 章（缩放）：为什么要除以 √d —— 点积的离散程度、Softmax 的饱和，以及穿过 Softmax 的梯度。
+"""第 4、9、11 章（缩放）：为什么要除以 √d——点积的离散程度、Softmax 的饱和，以及穿过 Softmax 的梯度。
 
 Three measurements behind chapter 04, on random vectors whose entries are independent with
 mean 0 and variance 1 (float64, CPU, a seeded ``torch.Generator``: the same numbers on

@@ -1,4 +1,4 @@
-"""第 8、9、12 章（FlashAttention 的可求导入口：第 08 章前向、第 09 章反向，第 12 章的窗口）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
+"""第 8、9、12 章（FlashAttention 的可求导入口：第 8 章前向、第 9 章反向、第 12 章的窗口）：按设备在纯 torch 分块实现和 Triton 核函数之间选一个，结果与 attn_lib.attention 相同。
 
 ``flash_attention(q, k, v, is_causal=..., scale=..., key_mask=..., backend=..., enable_gqa=...,
 window_size=..., align=...)``: grouped-query attention and sliding windows (chapter 12) on both

@@ -128,8 +128,8 @@ def _sdpa(q, k, v, mask, settings: AttentionSettings):
     """torch's fused attention with the reference's conventions; the reference core where it could overflow.
 
     GQA through SDPA's own ``enable_gqa``; a window, a bottom-right alignment or a masked causal
-    rule (SDPA has no window and refuses mask + is_causal) as one explicit band mask combined with
-    ``mask``; a plain top-left causal band as SDPA's ``is_causal``.
+    rule (SDPA has no window, and documents mask + is_causal as an error: its math backend raises)
+    as one explicit band mask combined with ``mask``; a plain top-left causal band as SDPA's ``is_causal``.
     """
     (L, S), band, work = (q.shape[2], k.shape[2]), settings.band, settings.work_dtype
     if settings.check_overflow and _may_overflow(q, k, settings.scale, work):  # the reference raises exactly

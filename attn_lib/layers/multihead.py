@@ -1,4 +1,4 @@
-"""第 7、10、12、13 章（多头注意力）：每个头通过自己的投影看全部输入；投影之后的 C 维切成 H 段（每头 D = C / H），各算一遍注意力再拼回来。
+"""第 6、7、10–13 章（多头注意力）：每个头通过自己的投影看全部输入；投影之后的 C 维切成 H 段（每头 D = C / H），各算一遍注意力再拼回来。
 
     qkv = x W_qkv            one (B, L, C) @ (C, 3C) matrix multiplication, then split
     q, k, v -> (B, H, L, D)  split the last axis into H heads of D

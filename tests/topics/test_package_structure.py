@@ -10,6 +10,7 @@ import re
 import pytest
 
 from book_helpers import NOTEBOOKS
+from chapter_usage import chapter_usage, modules_in
 from package_graph import (FUNCTION_LIMIT, ROOT, SIGNATURE_LIMIT, cycles, folder_graph, functions, graph,
                            is_internal, line_count, module_limit, modules, parameters)
 
@@ -120,6 +121,24 @@ def first_docstring_line(name: str) -> str:
 def test_chapters_named_reads_lists_and_ranges():
     assert chapters_named("第 3、5 章（以及第 07–09 章）") == {3, 5, 7, 8, 9}
     assert chapters_named("全书共用（第 1–13 章）") == set(range(1, 14))
+
+
+def test_the_usage_reader_resolves_names_to_their_modules():
+    aliases = {}
+    assert modules_in("import attn_lib\nfrom attn_lib.core import worked_example as we", aliases) == \
+        {"attn_lib.core.worked_example"}
+    assert modules_in("attn_lib.softmax(x); we.TOKENS", aliases) == {"attn_lib.core.softmax",
+                                                                       "attn_lib.core.worked_example"}
+    assert modules_in("from attn_lib import MultiHeadAttention as M", {}) == {"attn_lib.layers.multihead"}
+
+
+def test_a_module_names_every_chapter_whose_code_uses_it():
+    """The first docstring line names (at least) every chapter whose code cells use the module; it may
+    also name chapters that only discuss it."""
+    short = [f"{name}: also chapters {sorted(used - chapters_named(first_docstring_line(name)))}"
+             for name, used in sorted(chapter_usage(NOTEBOOKS).items())
+             if name in modules() and used - chapters_named(first_docstring_line(name))]
+    assert short == []
 
 
 def test_a_package_names_every_chapter_its_modules_serve():

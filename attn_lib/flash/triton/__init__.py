@@ -3,5 +3,5 @@
 - ``entry``: ``flash_attention_triton`` and ``flash_attention_triton_backward`` (their doors) and
   the rule that imports the kernels lazily, after ``attn_lib.device`` fixed the Triton mode;
 - ``configs``: tile sizes and shared-memory estimates (pure Python);
-- ``forward`` (08), ``backward`` (09), ``decode`` (13): kernels, launcher and grid, read top to bottom.
+- ``forward``, ``backward``, ``decode``: kernels, launcher and grid, read top to bottom.
 """
