@@ -1,11 +1,16 @@
 """Which attn_lib modules each chapter's code cells use, read with ast: ``import attn_lib.x.y``,
 ``from attn_lib.x import y`` and attribute chains on those names (``attn_lib.softmax(...)``,
-``we.TOKENS``), resolved to the module that defines the function or class (``attn_lib.softmax`` ->
-attn_lib.core.softmax). Names live on across a notebook's cells, as in its kernel. Used by
+``we.TOKENS``), resolved to the module that defines the function, class or constant
+(``attn_lib.softmax`` -> attn_lib.core.softmax; ``attn_lib.figures.plotting.setup_chinese_font`` ->
+attn_lib.figures.fonts, where it is defined); a string naming a module's file (``"forward.py"``, when
+one module has that file name) counts as a use of that module; a line magic's code (``%timeit f(x)``)
+is read. Names live on across a notebook's cells, as in its kernel. Not counted: what the library
+calls on a chapter's behalf (a layer's forward reaching ``dispatch``). Used by
 tests/topics/test_package_structure.py: a module's docstring names every chapter that uses it."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import json
@@ -15,15 +20,40 @@ from pathlib import Path
 import attn_lib
 
 
-def _defining_module(obj, fallback: str) -> str:
+PACKAGE = Path(attn_lib.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = ["attn_lib", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+FILES = {p: _module_name(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@functools.lru_cache(maxsize=None)
+def _assigning_modules(name: str) -> tuple[str, ...]:
+    """The modules whose top level assigns ``name`` (a constant's home)."""
+    found = []
+    for path, module in FILES.items():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) else []
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                found.append(module)
+    return tuple(found)
+
+
+def _defining_module(obj, name: str, fallback: str) -> str:
     if inspect.isfunction(obj) or inspect.isclass(obj):
         module = getattr(obj, "__module__", "") or ""
         return module if module.startswith("attn_lib") else fallback
-    return fallback
+    homes = _assigning_modules(name)
+    return homes[0] if len(homes) == 1 else fallback
 
 
 def resolve(dotted: str) -> str:
-    """``attn_lib.a.b.c`` -> the module that holds the longest prefix that exists."""
+    """``attn_lib.a.b.c`` -> the module that defines the first non-module on the path (or the last module)."""
     obj, name = attn_lib, "attn_lib"
     for part in dotted.split(".")[1:]:
         if hasattr(obj, part):
@@ -34,7 +64,7 @@ def resolve(dotted: str) -> str:
             except ImportError:
                 return name
         if not isinstance(obj, types.ModuleType):
-            return _defining_module(obj, name)
+            return _defining_module(obj, part, name)
         name = obj.__name__
     return name
 
@@ -47,10 +77,25 @@ def _chain(node: ast.AST) -> str | None:
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
+def _python_of(code: str) -> str:
+    """A cell as Python: shell lines and cell magics dropped, a line magic replaced by its code."""
+    lines = []
+    for line in code.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith(("!", "%%")):
+            line = ""
+        elif stripped.startswith("%"):
+            line = stripped.split(None, 1)[1] if len(stripped.split(None, 1)) == 2 else ""
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def modules_in(code: str, aliases: dict[str, str]) -> set[str]:
     """The attn_lib modules one cell uses; ``aliases`` (local name -> attn_lib path) carries over cells."""
-    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines())
-    tree, used = ast.parse(code), set()
+    tree, used = ast.parse(_python_of(code)), set()
+    by_file = {}
+    for path, module in FILES.items():
+        by_file.setdefault(path.name, []).append(module)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in (a for a in node.names if a.name.split(".")[0] == "attn_lib"):
@@ -61,6 +106,8 @@ def modules_in(code: str, aliases: dict[str, str]) -> set[str]:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
                 used.add(resolve(f"{node.module}.{alias.name}"))
     for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(by_file.get(node.value, [])) == 1:
+            used.add(by_file[node.value][0])  # a module's source read by its file name
         chain = _chain(node) if isinstance(node, ast.Attribute) else None
         if chain and chain.split(".")[0] in aliases:
             head, *rest = chain.split(".")

@@ -1,4 +1,4 @@
-"""第 10、12、13 章（「它」指的是什么）：用模板生成的中文小数据集，给第 10 章的小模型用。
+"""第 10、12、13 章（「它」指的是什么）：用模板生成的中文小数据集，给第 10、12 章的小模型和第 13 章的语料用。
 
 Each sentence names two objects from different classes, then says something about 「它」 with a
 verb that fits only one of the two classes; the target is the object 「它」 refers to::

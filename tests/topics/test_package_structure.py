@@ -130,11 +130,14 @@ def test_the_usage_reader_resolves_names_to_their_modules():
     assert modules_in("attn_lib.softmax(x); we.TOKENS", aliases) == {"attn_lib.core.softmax",
                                                                        "attn_lib.core.worked_example"}
     assert modules_in("from attn_lib import MultiHeadAttention as M", {}) == {"attn_lib.layers.multihead"}
+    assert modules_in("from attn_lib import BACKENDS", {}) == {"attn_lib.rules.names"}  # a constant: its home
+    assert modules_in("%timeit attn_lib.attention(q, k, v)", {"attn_lib": "attn_lib"}) == {"attn_lib.core.reference"}
+    assert modules_in('source = PACKAGE / "flash" / "triton" / "forward.py"', {}) == {"attn_lib.flash.triton.forward"}
 
 
 def test_a_module_names_every_chapter_whose_code_uses_it():
     """The first docstring line names (at least) every chapter whose code cells use the module; it may
-    also name chapters that only discuss it."""
+    also name chapters that discuss it, or reach it through what the chapter calls."""
     short = [f"{name}: also chapters {sorted(used - chapters_named(first_docstring_line(name)))}"
              for name, used in sorted(chapter_usage(NOTEBOOKS).items())
              if name in modules() and used - chapters_named(first_docstring_line(name))]

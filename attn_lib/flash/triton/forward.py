@@ -1,4 +1,4 @@
-"""第 8 章（FlashAttention 前向的 Triton 核函数）：与 attn_lib/flash/tiled_forward.py 同一个算法，一个程序实例算一块查询；核函数、网格和启动器都在这一个文件里，从上往下读。
+"""第 8、9 章（FlashAttention 前向的 Triton 核函数；第 9 章数它内层循环里的 tl.dot）：与 attn_lib/flash/tiled_forward.py 同一个算法，一个程序实例算一块查询；核函数、网格和启动器都在这一个文件里，从上往下读。
 
 Imported only through ``attn_lib.flash.triton.entry.load_kernels("forward")``, after
 ``attn_lib.device.triton_interprets()`` has fixed, once per process, whether Triton runs
