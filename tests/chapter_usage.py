@@ -1,12 +1,16 @@
 """Which attn_lib modules each chapter's code cells use, read with ast: ``import attn_lib.x.y``,
 ``from attn_lib.x import y`` and attribute chains on those names (``attn_lib.softmax(...)``,
-``we.TOKENS``), resolved to the module that defines the function, class or constant
-(``attn_lib.softmax`` -> attn_lib.core.softmax; ``attn_lib.figures.plotting.setup_chinese_font`` ->
-attn_lib.figures.fonts, where it is defined); a string naming a module's file (``"forward.py"``, when
-one module has that file name) counts as a use of that module; a line magic's code (``%timeit f(x)``)
-is read. Names live on across a notebook's cells, as in its kernel. Not counted: what the library
-calls on a chapter's behalf (a layer's forward reaching ``dispatch``). Used by
-tests/topics/test_package_structure.py: a module's docstring names every chapter that uses it."""
+``we.KEY_TOKENS``), resolved to the module that defines the function or class (``attn_lib.softmax`` ->
+attn_lib.core.softmax; ``attn_lib.figures.plotting.setup_chinese_font`` -> attn_lib.figures.fonts,
+where it is defined). Any other object is credited to the one attn_lib file whose top level assigns
+its name (``NAME = ...`` or ``NAME: T = ...``); if none or several do (``VOCAB``), to the module it was
+reached through. A string that is a module's file name (``"forward.py"``, when exactly one module has
+that name) counts as a use of that module. A line magic is read as the longest tail of its words
+that is Python (``%timeit -n 1 f(x)`` -> ``f(x)``); a cell magic's cell is read only for ``%%time``,
+``%%timeit`` and ``%%capture``, whose body is Python; shell lines are dropped. Names live
+on across a notebook's cells, as in its kernel. Not counted: what the library calls on a chapter's
+behalf (a layer's forward reaching ``dispatch``). Used by tests/topics/test_package_structure.py: a
+module's docstring names every chapter that uses it."""
 from __future__ import annotations
 
 import ast
@@ -77,17 +81,32 @@ def _chain(node: ast.AST) -> str | None:
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
+PYTHON_CELL_MAGICS = ("time", "timeit", "capture")  # their body is Python
+
+
+def _line_as_python(line: str) -> str:
+    """A line magic as its code, at its indentation: the longest tail of its words that is Python
+    (``%timeit -n 1 f(x)`` -> ``f(x)``); ``pass`` if none is."""
+    indent, words = line[: len(line) - len(line.lstrip())], line.split()[1:]
+    for start in range(len(words)):
+        try:
+            ast.parse(" ".join(words[start:]))
+        except SyntaxError:
+            continue
+        return indent + " ".join(words[start:])
+    return indent + "pass"
+
+
 def _python_of(code: str) -> str:
-    """A cell as Python: shell lines and cell magics dropped, a line magic replaced by its code."""
-    lines = []
-    for line in code.splitlines():
-        stripped = line.lstrip()
-        if stripped.startswith(("!", "%%")):
-            line = ""
-        elif stripped.startswith("%"):
-            line = stripped.split(None, 1)[1] if len(stripped.split(None, 1)) == 2 else ""
-        lines.append(line)
-    return "\n".join(lines)
+    """A cell as Python: a cell magic's cell kept only if its body is Python, shell lines dropped, a line
+    magic replaced by its code."""
+    lines = code.splitlines()
+    if lines and lines[0].startswith("%%"):
+        if lines[0][2:].split(None, 1)[0] not in PYTHON_CELL_MAGICS:
+            return ""
+        lines = lines[1:]
+    return "\n".join(line[: len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith("!")
+                     else _line_as_python(line) if line.lstrip().startswith("%") else line for line in lines)
 
 
 def modules_in(code: str, aliases: dict[str, str]) -> set[str]:

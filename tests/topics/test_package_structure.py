@@ -127,12 +127,17 @@ def test_the_usage_reader_resolves_names_to_their_modules():
     aliases = {}
     assert modules_in("import attn_lib\nfrom attn_lib.core import worked_example as we", aliases) == \
         {"attn_lib.core.worked_example"}
-    assert modules_in("attn_lib.softmax(x); we.TOKENS", aliases) == {"attn_lib.core.softmax",
+    assert modules_in("attn_lib.softmax(x); we.KEY_TOKENS", aliases) == {"attn_lib.core.softmax",
                                                                        "attn_lib.core.worked_example"}
     assert modules_in("from attn_lib import MultiHeadAttention as M", {}) == {"attn_lib.layers.multihead"}
     assert modules_in("from attn_lib import BACKENDS", {}) == {"attn_lib.rules.names"}  # a constant: its home
     assert modules_in("%timeit attn_lib.attention(q, k, v)", {"attn_lib": "attn_lib"}) == {"attn_lib.core.reference"}
     assert modules_in('source = PACKAGE / "flash" / "triton" / "forward.py"', {}) == {"attn_lib.flash.triton.forward"}
+    assert modules_in('name = "decoding.py"', {}) == set()  # two modules have that file name: neither
+    assert modules_in("from attn_lib.models.lm_data import VOCAB", {}) == {"attn_lib.models.lm_data"}  # two homes
+    assert modules_in("for i in range(2):\n    %timeit -n 1 attn_lib.softmax(x)\n%pip install y",
+                      {"attn_lib": "attn_lib"}) == {"attn_lib.core.softmax"}
+    assert modules_in("%%bash\necho attn_lib.softmax", {"attn_lib": "attn_lib"}) == set()
 
 
 def test_a_module_names_every_chapter_whose_code_uses_it():
