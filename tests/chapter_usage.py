@@ -7,7 +7,11 @@ its name (``NAME = ...`` or ``NAME: T = ...``); if none or several do (``VOCAB``
 reached through. A string that is a module's file name (``"forward.py"``, when exactly one module has
 that name) counts as a use of that module. A line magic is read as the longest tail of its words
 that is Python (``%timeit -n 1 f(x)`` -> ``f(x)``); a cell magic's cell is read only for ``%%time``,
-``%%timeit`` and ``%%capture``, whose body is Python; shell lines are dropped. Names live
+``%%timeit`` and ``%%capture``, whose body is Python (a setup statement on ``%%timeit``'s first line is
+not read); shell lines are dropped. Only lines that begin with ``%`` or ``!`` are taken for magics and
+shell lines: ``t = %timeit -o f(x)`` is a SyntaxError here, as is a continuation line that begins with
+the ``%`` operator. A whole chain counts once, for its full path (``attn_lib.core.softmax.softmax`` ->
+attn_lib.core.softmax, not also attn_lib.core). Names live
 on across a notebook's cells, as in its kernel. Not counted: what the library calls on a chapter's
 behalf (a layer's forward reaching ``dispatch``). Used by tests/topics/test_package_structure.py: a
 module's docstring names every chapter that uses it."""
@@ -124,14 +128,15 @@ def modules_in(code: str, aliases: dict[str, str]) -> set[str]:
             for alias in node.names:
                 aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
                 used.add(resolve(f"{node.module}.{alias.name}"))
+    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}  # parts of a longer chain
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(by_file.get(node.value, [])) == 1:
             used.add(by_file[node.value][0])  # a module's source read by its file name
-        chain = _chain(node) if isinstance(node, ast.Attribute) else None
+        chain = _chain(node) if isinstance(node, ast.Attribute) and id(node) not in inner else None
         if chain and chain.split(".")[0] in aliases:
             head, *rest = chain.split(".")
             used.add(resolve(".".join([aliases[head], *rest])))
-    return used - {"attn_lib"}
+    return {u for u in used if u.startswith("attn_lib.")}
 
 
 def chapter_usage(notebooks) -> dict[str, set[int]]:

@@ -138,6 +138,12 @@ def test_the_usage_reader_resolves_names_to_their_modules():
     assert modules_in("for i in range(2):\n    %timeit -n 1 attn_lib.softmax(x)\n%pip install y",
                       {"attn_lib": "attn_lib"}) == {"attn_lib.core.softmax"}
     assert modules_in("%%bash\necho attn_lib.softmax", {"attn_lib": "attn_lib"}) == set()
+    top = {"attn_lib": "attn_lib"}
+    assert modules_in("%%time\nattn_lib.softmax(x)", top) == {"attn_lib.core.softmax"}
+    assert modules_in("for i in r:\n    !ls\n    attn_lib.softmax(x)", top) == {"attn_lib.core.softmax"}
+    assert modules_in("%timeit we.f(x) + attn_lib.attention(q, k, v)", {**top, "we": "attn_lib.core.worked_example"}) \
+        == {"attn_lib.core.reference", "attn_lib.core.worked_example"}
+    assert modules_in("attn_lib.figures.plotting.setup_chinese_font()", top) == {"attn_lib.figures.fonts"}
 
 
 def test_a_module_names_every_chapter_whose_code_uses_it():
