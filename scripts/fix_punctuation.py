@@ -22,9 +22,9 @@ Where it works:
   chapters/*.ipynb: everything outside code spans, code blocks, math ($...$, $$...$$),
   URLs and link targets, HTML tags, and MyST syntax (roles such as {term}`...`, directive
   fences such as :::{dropdown} and their :option: lines).
-- Python: Chinese string literals (those containing a Chinese character) in notebook code
-  cells and in *.py files under attn_lib/ and scripts/; f-string fields {...} and backslash
-  escapes are left alone. Comments are not touched.
+- Python: Chinese string literals and Chinese comments (those containing a Chinese character) in
+  notebook code cells and in *.py files under attn_lib/ and scripts/; f-string fields {...},
+  backslash escapes and `code` in comments are left alone.
 
 Printed outputs change when printed strings change: re-execute the notebooks it touches.
 """
@@ -326,6 +326,25 @@ def python_string_literals(source: str):
         yield start, end, m.group(1), m.group(2)
 
 
+def python_comments(source: str):
+    """Yield (start, end) offsets of the text of each comment (after its ``#`` and spaces) in Python source."""
+    line_offsets = [0]
+    for line in source.splitlines(keepends=True):
+        line_offsets.append(line_offsets[-1] + len(line))
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT:
+            start = line_offsets[tok.start[0] - 1] + tok.start[1]
+            lead = len(tok.string) - len(tok.string.lstrip("#").lstrip())
+            yield start + lead, start + len(tok.string)
+
+
+_PY_PROTECT_COMMENT = re.compile(r"(`+)[^`]*?\1")
+
+
 def _mask_ipython(source: str) -> tuple[str, list[str]]:
     """Blank out IPython-only lines (%magic, !shell) so tokenize accepts the cell."""
     lines = source.splitlines(keepends=True)
@@ -338,11 +357,11 @@ def _mask_ipython(source: str) -> tuple[str, list[str]]:
     return "".join(kept), lines
 
 
-_ENGLISH_RUN = re.compile(r"[A-Za-z]+(?: [A-Za-z]+){3}")
+_ENGLISH_RUN = re.compile(r"[A-Za-z][A-Za-z'-]*(?: [A-Za-z0-9][A-Za-z0-9'-]*){3}")
 
 
 def is_english_line(line: str) -> bool:
-    """English prose that quotes a Chinese word (a docstring line): left alone."""
+    """English prose that quotes a Chinese word (a docstring line or comment): left alone."""
     han = len(_HAN_RE.findall(line))
     letters = len(re.findall(r"[A-Za-z]", line))
     return bool(_ENGLISH_RUN.search(line)) and han < letters / 2
@@ -353,42 +372,41 @@ def _fix_python_text(text: str) -> str:
     return "\n".join(line if is_english_line(line) else fix_text(line) for line in lines)
 
 
-def fix_python(source: str) -> str:
-    """修 Python 源码里含汉字的字符串字面量（注释不动）。"""
+def _chinese_parts(source: str):
+    """Yield (start, end, protect) for the body of each Chinese string literal and the text of each
+    Chinese comment, in source order; ``protect`` is what the fixer must leave alone inside it."""
     scan, _ = _mask_ipython(source)
     if len(scan) != len(source):
         scan = source
-    pieces = []
-    last = 0
+    parts = []
     for start, end, prefix, quote in python_string_literals(scan):
-        literal = source[start:end]
-        body = literal[len(prefix) + len(quote):len(literal) - len(quote)]
-        if not has_han(body):
-            continue
-        spans: list[str] = []
+        body_start, body_end = start + len(prefix) + len(quote), end - len(quote)
         protect = _PY_PROTECT_F if "f" in prefix.lower() else _PY_PROTECT
-        masked = _mask(body, protect, spans)
-        fixed = _unmask(_fix_python_text(masked), spans)
-        pieces.append(source[last:start + len(prefix) + len(quote)])
-        pieces.append(fixed)
-        last = end - len(quote)
+        parts.append((body_start, body_end, protect))
+    parts += [(start, end, _PY_PROTECT_COMMENT) for start, end in python_comments(scan)]
+    for start, end, protect in sorted(parts):
+        if has_han(source[start:end]):
+            yield start, end, protect
+
+
+def fix_python(source: str) -> str:
+    """修 Python 源码里含汉字的字符串字面量和注释。"""
+    pieces, last = [], 0
+    for start, end, protect in _chinese_parts(source):
+        spans: list[str] = []
+        fixed = _unmask(_fix_python_text(_mask(source[start:end], protect, spans)), spans)
+        pieces += [source[last:start], fixed]
+        last = end
     pieces.append(source[last:])
     return "".join(pieces)
 
 
 def chinese_python_literals(source: str) -> list[str]:
-    """源码里含汉字的字符串字面量的正文（f-string 的 {...} 和转义换成占位符）。"""
-    scan, _ = _mask_ipython(source)
-    if len(scan) != len(source):
-        scan = source
+    """源码里含汉字的字符串字面量的正文和注释（f-string 的 {...}、转义和代码片段换成占位符）。"""
     found = []
-    for start, end, prefix, quote in python_string_literals(scan):
-        literal = source[start:end]
-        body = literal[len(prefix) + len(quote):len(literal) - len(quote)]
-        if has_han(body):
-            protect = _PY_PROTECT_F if "f" in prefix.lower() else _PY_PROTECT
-            masked = _mask(body, protect, [])
-            found.append("\n".join(l for l in masked.split("\n") if not is_english_line(l)))
+    for start, end, protect in _chinese_parts(source):
+        masked = _mask(source[start:end], protect, [])
+        found.append("\n".join(line for line in masked.split("\n") if not is_english_line(line)))
     return found
 
 

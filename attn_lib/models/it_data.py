@@ -67,7 +67,7 @@ class Example:
     target: str
     other: str
     frame: tuple[str, str, str]
-    form: str  # "被" (它 被 V 了) or "把" (S 把 它 V 了)
+    form: str  # "被"（它 被 V 了）or "把"（S 把 它 V 了）
     distractor: bool
 
     @property

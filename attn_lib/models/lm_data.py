@@ -48,7 +48,7 @@ class Sentence:
     objects: tuple[str, str]  # the two listed objects, in order
     verb: str  # the verb of 「它」's clause: it fits the object 「它」 refers to
     frame: tuple[str, str, str]
-    form: str  # "被" (它 被 V 了) or "把" (S 把 它 V 了)
+    form: str  # "被"（它 被 V 了）or "把"（S 把 它 V 了）
     distractor: bool
 
     @property

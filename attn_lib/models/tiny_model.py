@@ -94,7 +94,7 @@ class TinyItModel(nn.Module):
         keep = torch.arange(L, device=ids.device)[None, :] < lengths[:, None]  # (1,L) < (B,1) -> (B,L): real tokens
         settings = layer_settings(self.attn, L, L, self.attn.head_dim, x.dtype)
         out, scores = self.attn._forward(x, x, x, keep[:, None, None, :], True, None, settings)  # (B,L,C), (B,H,L,L)
-        h = out[torch.arange(B), it_index]  # (B,L,C) -> (B,C): the 「它」 position
+        h = out[torch.arange(B), it_index]  # (B,L,C) -> (B,C): the position of 它
         return self.readout(h), scores  # (B,C) -> (B,n_objects)
 
 

@@ -6,8 +6,8 @@ and the next one with no space (「709.78,float32」, 「< 1e-12:True」) or at 
 ((B,H,L,D)) and arXiv:NNNN identifiers are notation and stay.
 
 Checked: every Markdown file of the book and every markdown cell (outside code spans, code
-blocks, math, URLs and MyST syntax); the Chinese string literals of notebook code cells and of
-attn_lib/ and scripts/ (f-string fields and escapes excluded); and the Chinese lines that the
+blocks, math, URLs and MyST syntax); the Chinese string literals and comments of notebook code cells
+and of attn_lib/ and scripts/ (f-string fields, escapes and `code` in comments excluded); and the Chinese lines that the
 notebooks print (their committed stream outputs). scripts/fix_punctuation.py fixes all of it;
 run it, re-execute the notebooks whose code it changed, and this test passes.
 """
@@ -203,9 +203,12 @@ def test_latin_case_in_code_strings():
     assert not [v for lit in fp.chinese_python_literals(fixed) for v in _violations(lit)]
 
 
-def test_fix_python_touches_only_chinese_literals():
-    src = 'x = "a,b"  # 注释,不动\nprint(f"比例:{p:.3f},和 {s}")\nt = "第 {i} 个\\n好,的"\n'
-    assert fp.fix_python(src) == 'x = "a,b"  # 注释,不动\nprint(f"比例：{p:.3f}，和 {s}")\nt = "第 {i} 个\\n好，的"\n'
+def test_fix_python_touches_only_chinese_literals_and_comments():
+    src = ('x = "a,b"  # 注释,也改(形状 (B,L) 不动)\nprint(f"比例:{p:.3f},和 {s}")\nt = "第 {i} 个\\n好,的"\n'
+           'y = 1  # a, b: English, with 它 quoted\nz = 2  # `f(a,b)`:代码片段不动\n')
+    assert fp.fix_python(src) == ('x = "a,b"  # 注释，也改（形状 (B,L) 不动）\nprint(f"比例：{p:.3f}，和 {s}")\n'
+                                  't = "第 {i} 个\\n好，的"\ny = 1  # a, b: English, with 它 quoted\n'
+                                  'z = 2  # `f(a,b)`：代码片段不动\n')
     assert fp.fix_python(fp.fix_python(src)) == fp.fix_python(src)
 
 
