@@ -462,6 +462,28 @@ def reference_grads(q, k, v, dout, kpm=None, causal=False, scale=None):
     return torch.autograd.grad(out, (q, k, v), dout.double())
 
 
+TL, BR = "top-left", "bottom-right"
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+# The Triton forward and backward tests (tests/flash/triton) run the same cases:
+# (B, H, H_kv, L, S), window, is_causal, align (an int: that offset, through the launcher), padding, dtype, blocks
+TRITON_GQA_CASES = [
+    ((1, 6, 2, 37, 29), (3, 2), False, TL, False, F32, (16, 16)),
+    ((1, 8, 1, 19, 41), (5, 0), True, TL, True, F32, (16, 16)),  # MQA, L < S
+    ((1, 4, 4, 33, 21), (-1, 4), False, TL, False, F32, (16, 32)),  # no GQA, L > S
+    ((2, 6, 2, 23, 23), (0, 0), False, TL, True, F32, (16, 16)),  # a key sees only itself; padded keys hide rows
+    ((1, 6, 2, 41, 23), (1, 0), True, TL, False, F32, (32, 16)),  # rows past S see one or no key
+    ((1, 4, 2, 17, 45), (1, 0), True, BR, True, F32, (16, 16)),  # bottom-right (KV-cache decoding), offset 28
+    ((1, 4, 2, 29, 19), (2, 3), False, BR, False, F32, (16, 16)),  # bottom-right with L > S: offset -10
+    ((1, 8, 1, 21, 35), (100, 100), False, TL, False, F32, (16, 16)),  # wider than the sequence
+    ((1, 4, 4, 29, 19), (2, 3), False, -12, False, F32, (16, 16)),  # offset hides the first rows entirely
+    ((1, 6, 2, 37, 29), (3, 2), False, TL, True, F16, (16, 16)),
+    ((1, 8, 1, 19, 41), (-1, 4), False, TL, False, F16, (32, 16)),
+    ((1, 4, 4, 33, 33), (5, 0), True, TL, True, F16, (16, 32)),
+    ((1, 4, 2, 19, 37), (4, 0), True, BR, True, F16, (16, 16)),
+    ((1, 6, 2, 23, 19), (1, 0), True, TL, True, BF16, (16, 16)),  # bf16: every tl.dot in fp32 under the interpreter
+]
+
+
 def visible_band(L, S, is_causal, window, offset=0):
     """(L, S) bool written out from flash-attn's rule, in Python ints (any window, even 2**64): query i, at
     position p = i + offset among the keys, sees key j iff p - left <= j <= p + right (-1 = unbounded) and,

@@ -25,13 +25,14 @@ from attn_lib.rules.band import Band
 from attn_lib.rules.settings import AttentionSettings
 from attn_lib.tolerances import assert_close, assert_flash_rule, lse_atol, max_abs_error
 
-from attn_paths import DISTINGUISHABLE, flash_inputs, flash_reference, visible_band
+from attn_paths import DISTINGUISHABLE, TRITON_GQA_CASES, flash_inputs, flash_reference, visible_band
 
 # Do not `import triton` here: attn_lib.device decides the process's Triton mode first.
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 DEVICE = torch.device(os.environ.get("ATTN_LIB_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+TL, BR = "top-left", "bottom-right"
 
 
 def fwd():
@@ -296,26 +297,9 @@ def run_case(shape, window, causal, align, padding, dtype, blocks, seed=0):
     return ref_out, ref_lse
 
 
-TL, BR = "top-left", "bottom-right"
-GQA_CASES = [  # (B, H, H_kv, L, S), window, is_causal, align (an int: that offset, launcher), padding, dtype, blocks
-    ((1, 6, 2, 37, 29), (3, 2), False, TL, False, F32, (16, 16)),
-    ((1, 8, 1, 19, 41), (5, 0), True, TL, True, F32, (16, 16)),  # MQA, L < S
-    ((1, 4, 4, 33, 21), (-1, 4), False, TL, False, F32, (16, 32)),  # no GQA, L > S
-    ((2, 6, 2, 23, 23), (0, 0), False, TL, True, F32, (16, 16)),  # a key sees only itself; padded keys hide rows
-    ((1, 6, 2, 41, 23), (1, 0), True, TL, False, F32, (32, 16)),  # rows past S see one or no key
-    ((1, 4, 2, 17, 45), (1, 0), True, BR, True, F32, (16, 16)),  # bottom-right (KV-cache decoding), offset 28
-    ((1, 4, 2, 29, 19), (2, 3), False, BR, False, F32, (16, 16)),  # bottom-right with L > S: offset -10
-    ((1, 8, 1, 21, 35), (100, 100), False, TL, False, F32, (16, 16)),  # wider than the sequence
-    ((1, 4, 4, 29, 19), (2, 3), False, -12, False, F32, (16, 16)),  # offset hides the first rows entirely
-    ((1, 6, 2, 37, 29), (3, 2), False, TL, True, F16, (16, 16)),
-    ((1, 8, 1, 19, 41), (-1, 4), False, TL, False, F16, (32, 16)),
-    ((1, 4, 4, 33, 33), (5, 0), True, TL, True, F16, (16, 32)),
-    ((1, 4, 2, 19, 37), (4, 0), True, BR, True, F16, (16, 16)),
-    ((1, 6, 2, 23, 19), (1, 0), True, TL, True, BF16, (16, 16)),  # bf16: every tl.dot in fp32 under the interpreter
-]
 
 
-@pytest.mark.parametrize("shape,window,causal,align,padding,dtype,blocks", GQA_CASES, ids=_ids)
+@pytest.mark.parametrize("shape,window,causal,align,padding,dtype,blocks", TRITON_GQA_CASES, ids=_ids)
 def test_gqa_and_windows_match_the_plain_formula(shape, window, causal, align, padding, dtype, blocks):
     ref_out, ref_lse = run_case(shape, window, causal, align, padding, dtype, blocks)
     assert torch.isfinite(ref_out).all()
