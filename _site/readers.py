@@ -5,8 +5,11 @@
   intro's 「在魔搭 ModelScope 上运行」 section says what to do there (clone, open the chapter).
   It is added to sphinx-book-theme's launch group, next to Colab and Binder, on every page
   that has that group (every chapter notebook).
-- The whole book as one PDF (``make pdf`` writes _build/pdf/book.pdf and copies it to the
-  site's top folder as ``PDF_NAME``): an entry in every page's download group.
+- The whole book as one PDF (``make book`` builds it after the site, with ``make pdf``, and
+  copies it to the site's top folder as ``PDF_NAME``): an entry in every page's download group.
+  The theme's own 「.pdf」 entry beside it prints only the page being read (the browser's print
+  dialog); it is renamed to say so (``PRINT_PAGE_TEXT``), so that a reader who wants the book
+  takes the other entry.
 
 Both handlers run after sphinx-book-theme's own (priority 501) and only append to its lists.
 Loaded by ``_config.yml`` (``sphinx.local_extensions``).
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 MODELSCOPE_URL = "https://modelscope.cn/my/mynotebook"
 PDF_NAME = "book.pdf"
+PRINT_PAGE_TEXT = "打印这一页（.pdf）"
+PRINT_PAGE_TOOLTIP = "用浏览器打印这一页或存成 PDF：只有这一页；整本书请选「整本书 PDF」"
 
 
 def _group(context, label: str):
@@ -34,6 +39,9 @@ def add_reader_buttons(app, pagename, templatename, context, doctree):
         })
     download = _group(context, "download-buttons")
     if download is not None:
+        for button in download["buttons"]:
+            if button.get("label") == "download-pdf-button":  # the theme's window.print()
+                button.update(text=PRINT_PAGE_TEXT, tooltip=PRINT_PAGE_TOOLTIP)
         download["buttons"].append({
             "type": "link",
             "text": "整本书 PDF",

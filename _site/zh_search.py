@@ -1,12 +1,20 @@
-"""网站的中文搜索:让术语表里的每个术语在搜索索引里都是一个完整的词。
+"""网站的中文搜索：术语表里的术语是完整的词，任何连续的汉字（注意力机制、查询头）也都搜得到。
 
 Sphinx indexes Chinese text only when ``jieba`` is installed (it splits sentences into
 words with ``jieba.cut_for_search``); without it not a single Chinese word reaches
-``searchindex.js``. jieba's dictionary does not know this book's terms: it cuts
-注意力分数 into 注意 / 注意力 / 分数, and the search page, which looks a query up as one
-word, then finds nothing for 注意力分数. This extension adds every term defined in
-``glossary.md`` (and the few below) to jieba's dictionary before the index is built, so a
-search for any glossary term finds the pages that use it.
+``searchindex.js``. Two gaps remain with jieba alone, and this extension closes both:
+
+- jieba's dictionary does not know this book's terms (it cuts 注意力分数 into 注意 / 注意力 /
+  分数). Every term defined in ``glossary.md`` (and ``EXTRA_WORDS``) is added to jieba's
+  dictionary before the index is built, so each is indexed whole.
+- The search page looks each query word up as one index entry, and Sphinx drops
+  one-character words from the index. A query that is not one indexed word (注意力机制,
+  查询头, 分数矩阵, 显存带宽: jieba cuts them into 注意力 / 机制, 查询 / 头 ...) found nothing.
+  ``BookChinese`` also indexes every single Han character and every pair of adjacent Han
+  characters (``han_grams``), and its query splitter (``JS_SPLITTER``, run in the search
+  page) looks a run of Han characters up whole when the index has it and otherwise as its
+  overlapping pairs, all of which a page must contain. A page that contains the query finds
+  it; a page that holds every pair but not in a row is found too (rare for a real term).
 
 Loaded by ``_config.yml`` (``sphinx.local_extensions``). A build without jieba fails
 with a warning that says what to install (``make book`` builds with warnings as errors).
@@ -17,6 +25,8 @@ import logging
 import re
 from pathlib import Path
 
+import sphinx.search
+from sphinx.search.zh import SearchChinese
 from sphinx.util import logging as sphinx_logging
 
 logger = sphinx_logging.getLogger(__name__)
@@ -25,6 +35,27 @@ logger = sphinx_logging.getLogger(__name__)
 EXTRA_WORDS = ("主走查", "四行代码", "串行", "并行", "加权平均", "词向量", "负无穷", "矩阵乘法")
 
 _HAN = re.compile(r"[\u4e00-\u9fff]")
+_HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")
+
+# The search page's query splitter (Sphinx's ``splitQuery``, see ``SearchLanguage.js_splitter_code``):
+# the default split on non-letters, then each run of Han characters looked up whole when the
+# index has it (a glossary term, a jieba word), else as its overlapping pairs (注意力机制 ->
+# 注意 意力 力机 机制), which the search page then requires all of. Latin words stay whole.
+JS_SPLITTER = r"""
+function splitQuery(query) {
+  const index = (typeof Search !== "undefined" && Search._index) ? Search._index : null;
+  const known = (w) => !!index && (Object.prototype.hasOwnProperty.call(index.terms, w)
+                                   || Object.prototype.hasOwnProperty.call(index.titleterms, w));
+  const out = [];
+  query.split(/[^\p{Letter}\p{Number}_\p{Emoji_Presentation}]+/gu).filter(t => t).forEach(chunk => {
+    chunk.split(/(\p{Script=Han}+)/u).filter(t => t).forEach(part => {
+      if (!/\p{Script=Han}/u.test(part) || part.length <= 2 || known(part)) { out.push(part); return; }
+      for (let i = 0; i + 2 <= part.length; i++) out.push(part.slice(i, i + 2));
+    });
+  });
+  return out;
+}
+"""
 
 
 def glossary_terms(text: str) -> list[str]:
@@ -50,6 +81,33 @@ def search_words(srcdir: str | Path) -> list[str]:
     return list(dict.fromkeys(words))
 
 
+def han_grams(text: str) -> list[str]:
+    """文本里每个汉字，以及每两个相邻的汉字（只在连续的汉字之内）。
+
+    Args:
+        text: any text, e.g. ``"查询头（GQA）"``.
+
+    Returns:
+        The single characters, then the adjacent pairs, e.g. ``["查", "询", "头", "查询", "询头"]``.
+    """
+    runs = _HAN_RUN.findall(text)
+    return [c for run in runs for c in run] + [run[i:i + 2] for run in runs for i in range(len(run) - 1)]
+
+
+class BookChinese(SearchChinese):
+    """中文搜索语言：jieba 的词、单个汉字和相邻的两个汉字都进索引，查询按 ``JS_SPLITTER`` 拆分。"""
+
+    js_splitter_code = JS_SPLITTER
+
+    def split(self, input: str) -> list[str]:  # noqa: A002 - Sphinx's signature
+        return super().split(input) + han_grams(input)
+
+    def word_filter(self, stemmed_word: str) -> bool:
+        # Sphinx's Chinese filter drops one-character words; a Han character or a Greek
+        # letter (the glossary's Θ 记号) is a word a reader may search for.
+        return len(stemmed_word) > 1 or not stemmed_word.isascii()
+
+
 def _add_words(app, config) -> None:
     if not str(config.html_search_language or config.language or "").startswith("zh"):
         return
@@ -69,5 +127,6 @@ def _add_words(app, config) -> None:
 
 
 def setup(app):
+    sphinx.search.languages["zh"] = BookChinese
     app.connect("config-inited", _add_words)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,6 +1,6 @@
 """Helpers for the website tests: find the built site, serve it on 127.0.0.1, start Chromium.
 
-Used by tests/book/test_site.py (in the browser) and tests/book/test_links.py (static crawl).
+Used by tests/book/test_site.py and test_site_reading.py (in the browser) and tests/book/test_links.py (static crawl).
 The site is ``_build/html`` (``make book`` builds it; ``make test`` builds it before the
 tests); set ``ATTN_BOOK_HTML`` to test a site built elsewhere
 (``jupyter-book build --path-output DIR .`` puts it in ``DIR/_build/html``).
@@ -115,3 +115,40 @@ def launch_chromium(playwright):
             "never `playwright install`."
         )
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def offline_context(browser, base_url: str, viewport: dict):
+    """一个只连得到本地服务器的浏览器上下文：发往其他主机的请求都被拦下（记在 ``ctx.blocked`` 里）。"""
+    ctx = browser.new_context(viewport=viewport, color_scheme="light", locale="zh-CN")
+    blocked: list[str] = []
+
+    def only_local(route):
+        if route.request.url.startswith(base_url):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    ctx.route("**/*", only_local)
+    ctx.blocked = blocked  # type: ignore[attr-defined]
+    return ctx
+
+
+def watch_page(page, problems: list[str]) -> None:
+    """把页面的控制台错误、脚本异常、失败的请求和 4xx/5xx 响应记进 ``problems``。"""
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+
+
+def wait_for_page(page) -> None:
+    """等 MathJax 排完公式、每张图解码完、网络空闲。"""
+    if page.evaluate("() => !!(window.MathJax && window.MathJax.startup)"):
+        page.wait_for_function("() => window.MathJax.startup.promise !== undefined", timeout=15000)
+        page.evaluate("() => window.MathJax.startup.promise.then(() => true)")
+    page.evaluate(
+        "() => Promise.all(Array.from(document.images).map(i => { i.loading = 'eager';"
+        " return i.decode().catch(() => null); }))"
+    )
+    page.wait_for_load_state("networkidle")

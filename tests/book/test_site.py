@@ -37,10 +37,13 @@ from site_server import (
     SPECIAL_PAGES,
     html_pages,
     launch_chromium,
+    offline_context,
     notebook_pages,
     repository,
     serve,
     site_missing_message,
+    wait_for_page,
+    watch_page,
 )
 
 MISSING = site_missing_message()
@@ -118,33 +121,16 @@ def browser():
             b.close()
 
 
-def _offline_context(browser, base_url: str, viewport: dict):
-    """A browser context that reaches only the local server: every other request is blocked."""
-    ctx = browser.new_context(viewport=viewport, color_scheme="light", locale="zh-CN")
-    blocked: list[str] = []
-
-    def only_local(route):
-        if route.request.url.startswith(base_url):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    ctx.route("**/*", only_local)
-    ctx.blocked = blocked  # type: ignore[attr-defined]
-    return ctx
-
-
 @pytest.fixture(scope="module")
 def context(browser, base_url):
-    ctx = _offline_context(browser, base_url, LAPTOP)
+    ctx = offline_context(browser, base_url, LAPTOP)
     yield ctx
     ctx.close()
 
 
 @pytest.fixture(scope="module")
 def phone_context(browser, base_url):
-    ctx = _offline_context(browser, base_url, PHONE)
+    ctx = offline_context(browser, base_url, PHONE)
     yield ctx
     ctx.close()
 
@@ -216,24 +202,6 @@ def _png_design_width(path: Path) -> float:
     return width * 100 / dpi
 
 
-def _wait_for_page(page) -> None:
-    if page.evaluate("() => !!(window.MathJax && window.MathJax.startup)"):
-        page.wait_for_function("() => window.MathJax.startup.promise !== undefined", timeout=15000)
-        page.evaluate("() => window.MathJax.startup.promise.then(() => true)")
-    page.evaluate(
-        "() => Promise.all(Array.from(document.images).map(i => { i.loading = 'eager';"
-        " return i.decode().catch(() => null); }))"
-    )
-    page.wait_for_load_state("networkidle")
-
-
-def _watch(page, problems: list[str]) -> None:
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
-    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
-
-
 def _shot_name(rel: str, suffix: str = "") -> str:
     return rel.replace("/", "__").replace(".html", "") + suffix + ".png"
 
@@ -248,11 +216,11 @@ def visit_phone(phone_context, base_url: str, rel: str) -> dict:
         return _phone_visits[rel]
     page = phone_context.new_page()
     problems: list[str] = []
-    _watch(page, problems)
+    watch_page(page, problems)
     blocked_before = len(phone_context.blocked)
     try:
         page.goto(base_url + rel, wait_until="load")
-        _wait_for_page(page)
+        wait_for_page(page)
         report = page.evaluate(_LAYOUT_JS)
         SHOTS.mkdir(parents=True, exist_ok=True)
         shot = SHOTS / _shot_name(rel, "@390")
@@ -271,11 +239,11 @@ def visit(context, base_url: str, rel: str) -> dict:
         return _visits[rel]
     page = context.new_page()
     problems: list[str] = []
-    _watch(page, problems)
+    watch_page(page, problems)
     blocked_before = len(context.blocked)
     try:
         page.goto(base_url + rel, wait_until="load")
-        _wait_for_page(page)
+        wait_for_page(page)
         report = page.evaluate(_PAGE_REPORT_JS)
         report["layout"] = page.evaluate(_LAYOUT_JS)
         report["fonts"] = _platform_fonts(page, "article h1") or _platform_fonts(page, "h1")
@@ -489,9 +457,9 @@ def _open_page(ctx, base_url: str, rel: str):
         pytest.fail(MISSING or f"{rel} is not in the built site")
     page = ctx.new_page()
     problems: list[str] = []
-    _watch(page, problems)
+    watch_page(page, problems)
     page.goto(base_url + rel, wait_until="load")
-    _wait_for_page(page)
+    wait_for_page(page)
     return page, problems
 
 
