@@ -4,14 +4,21 @@
     .venv/bin/python scripts/make_pdf.py [_build/singlehtml] [_build/pdf/book.pdf]
 
 (``make pdf`` runs both, then copies the PDF into the site as _build/html/book.pdf, which every
-page's download menu links.) The page is served on 127.0.0.1 (nothing leaves the machine) and
-opened with Playwright driving /usr/bin/chromium, as the site tests do. Before printing, the
-script waits for MathJax (vendored) to typeset every formula and for the web fonts, starts
-every chapter on a new page, wraps long code lines instead of cutting them, and puts a table
-of contents after the title page. The PDF is printed twice: the first print tells on which
-page each chapter starts (pdftotext, poppler-utils), the second writes those page numbers into
-the table of contents. Every page has its number in the footer; the PDF has an outline
-(bookmarks) and the CJK fonts Chromium used (Noto CJK) embedded as subsets.
+page's download menu links; ``make book`` builds the site and then the PDF.) The page is served
+on 127.0.0.1 (nothing leaves the machine) and opened with Playwright driving /usr/bin/chromium,
+as the site tests do, laid out in print media at the width of the A4 text column. Before
+printing, the script waits for MathJax (vendored) to typeset every formula; swaps the CJK and
+MathJax fonts for TrueType copies holding the book's characters (pdf_fonts.py), so that the
+PDF embeds real CID TrueType fonts instead of Type 3 glyph procedures; adds the print style
+sheet (pdf_print.css) and runs pdf_page.js, which prints the answers and the hidden checker
+code open, leaves out the set-up cells, fits code and printed tables to the column (wrapped
+lines keep a hanging indent), keeps short boxes on one page and scales a figure taller than
+a page; starts every chapter on a new page and puts a table of contents after the title
+page. The PDF is printed twice: the first print tells on which page each chapter starts
+(pdftotext, poppler-utils), the second writes those page numbers into the table of contents.
+Every page has its number in the footer; the PDF has an outline (bookmarks). What pdf_page.js
+changed (and the printed-table rows that still wrap) is written beside the PDF as
+book-report.json, which tests/book/test_pdf.py reads.
 """
 from __future__ import annotations
 
@@ -27,29 +34,20 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import pdf_fonts  # noqa: E402  (scripts/ is this file's folder)
 from site_server import launch_chromium, serve  # noqa: E402
 
-PRINT_CSS = """
-@page { size: A4; margin: 16mm 14mm 18mm 14mm; }
-.bd-header-article, .bd-sidebar-primary, .bd-sidebar-secondary, .prev-next-area, footer,
-.bd-header, .header-article, .headerlink, #jb-print-docs-body, .bd-footer-article,
-.bd-footer-content, .footer-items, .search-button-field { display: none !important; }
-.bd-main .bd-content .bd-article-container { max-width: 100% !important; padding: 0 !important; }
-.bd-page-width { max-width: 100% !important; }
-article pre, div.highlight pre, .cell_output pre { white-space: pre-wrap !important; overflow-wrap: anywhere;
-  overflow: visible !important; max-height: none !important; }
-.cell_output img { max-width: 100% !important; height: auto; break-inside: avoid; }
-.bd-main .bd-content .bd-article h1:first-of-type { display: block !important; }  /* the theme hides it in print */
-section.book-part { break-before: page; }
-section.book-part > h2 { font-size: 2em; }
-#pdf-cover { break-after: page; text-align: center; padding-top: 30vh; }
-#pdf-cover h1 { font-size: 2.1em; margin: 0 0 1em 0; }
-#pdf-toc { break-after: page; }
-#pdf-toc ol { list-style: none; padding: 0; font-size: 1.05em; }
-#pdf-toc li { display: flex; margin: 0.45em 0; }
-#pdf-toc li a { color: inherit; text-decoration: none; }
-#pdf-toc li .dots { flex: 1; border-bottom: 1px dotted #999; margin: 0 0.4em 0.3em; }
-"""
+PRINT_CSS = (Path(__file__).with_name("pdf_print.css")).read_text(encoding="utf-8")
+PAGE_JS = (Path(__file__).with_name("pdf_page.js")).read_text(encoding="utf-8")
+FONT_DIR = "_static/pdf-fonts"
+# The first line of scripts/setup_cell.py (every chapter's first code cell), left out of the PDF.
+SETUP_MARKER = (Path(__file__).with_name("setup_cell.py")).read_text(encoding="utf-8").lstrip().split("\n", 1)[0]
+# The A4 text column in CSS pixels (210 mm - 2 × 14 mm at 96 px per inch): the page is laid out
+# at this width before pdf_page.js measures it, as Chromium lays it out when printing.
+COLUMN_PX = 688
+PAGE_TEXT_PX = 994  # 297 mm - 16 mm - 18 mm
+PAGE_OPTIONS = {"keepMaxPx": round(0.4 * PAGE_TEXT_PX), "imgMaxPx": round(0.85 * PAGE_TEXT_PX),
+                "minFontScale": 0.7, "setupMarker": SETUP_MARKER}
 
 # Runs in the page: mark each chapter's section, add the title page and the table of contents.
 PREPARE_JS = """([bookTitle, author, pages]) => {
@@ -104,13 +102,14 @@ PREPARE_JS = """([bookTitle, author, pages]) => {
     li.append(a, dots, num);
     list.append(li);
   });
-  document.querySelectorAll('details').forEach(d => { d.open = false; });
   return chapters;
 }"""
 
+# Digits only, in DejaVu Sans (a TrueType font): the footer is drawn apart from the page and
+# cannot use the page's web fonts, and Noto CJK would be embedded as a Type 3 font.
 FOOTER = ('<div style="width:100%;font-size:9px;text-align:center;color:#555;'
-          'font-family:\'Noto Sans CJK SC\',sans-serif">第 <span class="pageNumber"></span> 页'
-          '，共 <span class="totalPages"></span> 页</div>')
+          'font-family:\'DejaVu Sans\',sans-serif"><span class="pageNumber"></span>'
+          ' / <span class="totalPages"></span></div>')
 
 
 def _squash(text: str) -> str:
@@ -150,6 +149,31 @@ def _open(page, url: str) -> None:
         raise SystemExit(f"MathJax left {unrendered} formulas untypeset; is _static/mathjax in the build?")
 
 
+# The page's @font-face rules whose source is one URL: MathJax's fonts (the theme's icon fonts
+# have two sources and are not printed).
+FONT_RULES_JS = r"""() => [...document.styleSheets]
+  .flatMap(s => { try { return [...s.cssRules]; } catch (e) { return []; } })
+  .filter(r => r instanceof CSSFontFaceRule)
+  .map(r => ({family: r.style.getPropertyValue('font-family'),
+              url: (r.style.getPropertyValue('src').match(/^url\("([^"]+)"\)[^,]*$/) || [null, null])[1]}))
+  .filter(r => r.url)"""
+
+
+def _use_truetype_fonts(page, site: Path, url: str) -> None:
+    """Noto CJK as TrueType web fonts holding the page's characters (pdf_fonts.py), loaded."""
+    chars = set(page.evaluate("() => document.body.textContent")) | {chr(c) for c in range(0x20, 0x7F)}
+    css = pdf_fonts.write_fonts(chars, site / FONT_DIR, url + FONT_DIR + "/")
+    rules = page.evaluate(FONT_RULES_JS)
+    css += "\n" + pdf_fonts.mathjax_faces(rules, site, url, site / FONT_DIR, url + FONT_DIR + "/")
+    page.add_style_tag(content=css)
+    families = [f'{w} 16px "{fam}"' for fam, w, _, _ in pdf_fonts.FACES]
+    failed = page.evaluate("async (fs) => { const out = []; for (const f of fs) {"
+                           " const got = await document.fonts.load(f, '注a'); if (!got.length) out.push(f); }"
+                           " await document.fonts.ready; return out; }", families)
+    if failed:
+        raise SystemExit(f"the PDF's TrueType fonts did not load: {failed}")
+
+
 def make_pdf(site: Path, out: Path) -> dict:
     from playwright.sync_api import sync_playwright
 
@@ -159,11 +183,14 @@ def make_pdf(site: Path, out: Path) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     with serve(site) as root, sync_playwright() as p:
         browser = launch_chromium(p)
-        page = browser.new_page()
+        page = browser.new_page(viewport={"width": COLUMN_PX, "height": PAGE_TEXT_PX})
+        page.emulate_media(media="print")
         page.route(re.compile(r"^(?!http://127\.0\.0\.1)"), lambda route: route.abort())  # offline
         _open(page, root + "intro.html")  # index.html only redirects to it
         config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
         chapters = page.evaluate(PREPARE_JS, [config["title"], config.get("author", ""), None])
+        _use_truetype_fonts(page, site, root)
+        changed = page.evaluate(PAGE_JS, PAGE_OPTIONS)
         with tempfile.TemporaryDirectory() as tmp:
             draft = Path(tmp) / "draft.pdf"
             _print(page, draft)
@@ -171,14 +198,17 @@ def make_pdf(site: Path, out: Path) -> dict:
         page.evaluate(PREPARE_JS, [config["title"], config.get("author", ""), pages])
         _print(page, out)
         browser.close()
-    return {"pdf": str(out), "chapters": [dict(c, page=n) for c, n in zip(chapters, pages)]}
+    return {"pdf": str(out), "print": changed,
+            "chapters": [dict(c, page=n) for c, n in zip(chapters, pages)]}
 
 
 def main(argv: list[str]) -> int:
     site = Path(argv[0]) if argv else ROOT / "_build" / "singlehtml"
     out = Path(argv[1]) if len(argv) > 1 else ROOT / "_build" / "pdf" / "book.pdf"
     report = make_pdf(site.resolve(), out.resolve())
-    print(json.dumps(report, ensure_ascii=False, indent=1))
+    text = json.dumps(report, ensure_ascii=False, indent=1)
+    out.with_name(out.stem + "-report.json").write_text(text, encoding="utf-8")  # read by tests/book/test_pdf.py
+    print(text)
     return 0 if all(c["page"] for c in report["chapters"]) else 1
 
 
