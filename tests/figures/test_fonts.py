@@ -48,3 +48,75 @@ def test_no_private_matplotlib_api_and_rcparams_only_in_the_switch():
 def test_the_bundled_font_ships_inside_the_package():
     assert fonts.BUNDLED_FONT_PATH.is_file() and fonts.BUNDLED_LICENSE_PATH.is_file()
     assert fonts.FONT_DIR == Path(fonts.__file__).resolve().parents[1] / "data" / "fonts"
+
+
+RARE = "\u4dae"  # 䶮, CJK Ext-A: outside the bundled subset (tests/book/test_bundled_font.py checks that)
+
+
+@pytest.fixture
+def bundled_only(monkeypatch, default_rc):
+    """setup_chinese_font() as on a machine without a CJK font: it picks the bundled subset; undone afterwards."""
+    monkeypatch.setattr(fonts, "find_chinese_font", fonts.register_bundled_font)
+    yield
+    monkeypatch.undo()
+    fonts.setup_chinese_font(force=True)
+
+
+def _draw(*labels: str) -> None:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_title(labels[0])
+    for i, label in enumerate(labels[1:]):
+        ax.text(0.1, 0.2 * i, label)
+    for fmt in ("png", "pdf", "svg"):
+        fig.savefig(io.BytesIO(), format=fmt)
+    fig.canvas.draw()
+    plt.close(fig)
+
+
+def test_a_character_outside_the_subset_gives_one_warning_with_the_remedy(bundled_only):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # before the set-up, as a notebook's filters are
+        assert fonts.setup_chinese_font(force=True) == fonts.BUNDLED_FAMILY
+        assert ord(RARE) not in FT2Font(str(fonts.BUNDLED_FONT_PATH)).get_charmap()
+        _draw(f"蒸馏 {RARE}{RARE}", f"x {RARE}")
+        first = [str(w.message) for w in caught]
+        _draw(f"第二张图 {RARE}")  # the same character again: already named
+        again = [str(w.message) for w in caught][len(first):]
+    assert len(first) == 1 and caught[0].category is fonts.MissingGlyphsWarning, first
+    assert "1 个字符" in first[0] and f"{RARE}（U+{ord(RARE):04X}）" in first[0], first[0]
+    assert "sudo apt-get install fonts-noto-cjk" in first[0] and "!apt-get install -y fonts-noto-cjk" in first[0]
+    assert again == [], again
+
+
+def test_a_new_missing_character_is_named_once_more_and_other_warnings_stay(bundled_only):
+    import warnings
+
+    other = "\u4db5"  # U+4DB5, also CJK Ext-A
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fonts.setup_chinese_font(force=True)
+        _draw(RARE)
+        _draw(f"{RARE} {other}")
+        warnings.warn("an unrelated warning")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.set_title("中", fontfamily="DejaVu Sans")  # not the subset: matplotlib's own warning stays
+        fig.canvas.draw()
+    messages = [str(w.message) for w in caught]
+    ours = [m for m in messages if "attn_lib 自带的中文字体" in m]
+    assert len(ours) == 2 and RARE in ours[0] and other in ours[1] and RARE not in ours[1], ours
+    assert "an unrelated warning" in messages
+    assert any(m.startswith("Glyph 20013 ") and m.endswith("missing from font(s) DejaVu Sans.") for m in messages), messages
+
+
+def test_with_a_system_font_nothing_is_watched(default_rc):
+    font = fonts.setup_chinese_font(force=True)
+    assert font in fonts.CJK_FONT_CANDIDATES, font  # Noto CJK is installed on this machine
+    assert fonts.FIGURE_HOOK not in mpl.rcParams["figure.hooks"]
