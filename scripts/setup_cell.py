@@ -1,4 +1,4 @@
-# 环境准备：本地已装好 attn_lib 时这一格只把图设成两倍像素，不装任何东西；在 Colab、魔搭 ModelScope 等新环境里安装 attn_lib（中文字体随库附带）。
+# 环境准备：本地已装好 attn_lib 时这一格只把图设成两倍像素，不装任何东西、不打印；在 Colab、魔搭 ModelScope 等新环境里安装 attn_lib（中文字体随库附带），并打印一行「正在安装……完成」。
 import importlib.metadata, importlib.util, os, pathlib, re, subprocess, sys
 TORCH_MIN = "2.5"  # 本书需要的最低 torch 版本（与 pyproject.toml 一致）
 if importlib.util.find_spec("attn_lib") is None:
@@ -15,8 +15,13 @@ if importlib.util.find_spec("attn_lib") is None:
                    if (p / "attn_lib" / "__init__.py").is_file() and (p / "pyproject.toml").is_file()), None)
     _source = os.environ.get("ATTN_LIB_SOURCE") or (str(_clone) if _clone else
                                                      "git+https://github.com/attn-book/attention-chapter")
+    print(f"正在安装 attn_lib（来自 {_source}，含中文字体）……", end="", flush=True)  # 安装要一会儿，先说一声
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", _source], check=True)
     importlib.invalidate_caches()
+    try:
+        print(f"完成（attn_lib {importlib.metadata.version('attn-lib')}）")
+    except importlib.metadata.PackageNotFoundError:
+        print("完成")
 try:  # 图按两倍像素保存，高分屏上也清晰（不在 Jupyter / Colab 里运行时跳过）
     get_ipython().run_line_magic("config", "InlineBackend.figure_formats = ['retina']")
 except NameError:

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..checks import check_positive_int
+from ..figures.text_table import text_table
 
 GIB = 2**30
 BF16_BYTES = 2  # bytes per value in bf16 / fp16
@@ -148,13 +149,10 @@ def kv_memory_table(tokens=TABLE_TOKENS, *, bytes_per_value: int = BF16_BYTES, c
 
 
 def format_kv_table(rows: list[dict]) -> str:
-    """把 ``kv_memory_table`` 的结果排成一张文字表（GiB 保留两位小数）。"""
-    head = f"{'model':>12} {'tokens':>7} {'stored':>7} {'KV cache GiB':>13} {'without sharing GiB':>20}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['model']:>12} {r['tokens']:>7} {r['stored_tokens']:>7} {r['gib']:>13.2f} "
-                     f"{r['gib_without_sharing']:>20.2f}")
-    return "\n".join(lines)
+    """把 ``kv_memory_table`` 的结果排成一张文字表（中文表头，GiB 保留两位小数）。"""
+    return text_table(["模型", "位置数", "缓存里存的位置", "KV 缓存 GiB", "不共用键值头时 GiB"],
+                      [[r["model"], str(r["tokens"]), str(r["stored_tokens"]), f"{r['gib']:.2f}",
+                        f"{r['gib_without_sharing']:.2f}"] for r in rows])
 
 
 def print_kv_table(tokens=TABLE_TOKENS, *, bytes_per_value: int = BF16_BYTES) -> list[dict]:

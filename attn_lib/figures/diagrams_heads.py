@@ -72,7 +72,7 @@ def draw_multihead_flow(num_heads: int = 3):
         ax.set_ylim(-0.9, 6.2)
         _box(ax, (0.1, 1.6, 0.9, 2.8), "输入 X\nL × C", fontsize=10)
         _arrow(ax, (1.05, 3.0), (2.15, 3.0))
-        ax.text(1.6, 2.8, "乘 W_q、\nW_k、W_v", ha="center", va="top", fontsize=9)
+        ax.text(1.6, 2.8, "乘 $W_q$、\n$W_k$、$W_v$", ha="center", va="top", fontsize=9)
         for row, name in enumerate(("Q", "K", "V")):  # the projections, cut into head-coloured columns
             _segmented(ax, 2.2, 4.2 - 1.45 * row, 1.8, 1.0, colors, f"{name}（L × C）")
         _arrow(ax, (4.05, 3.0), (4.95, 3.0), "按列切\n成 H 份", text_offset=0.1)
@@ -84,7 +84,7 @@ def draw_multihead_flow(num_heads: int = 3):
             _arrow(ax, (7.05, y + (h_row - 0.3) / 2), (7.75, 3.0))
         _segmented(ax, 7.8, 1.6, 1.2, 2.8, colors)
         ax.text(8.4, 1.35, "拼接\nL × C", ha="center", va="top", fontsize=10)
-        _arrow(ax, (9.05, 3.0), (9.85, 3.0), "乘 W_o", text_offset=0.1)
+        _arrow(ax, (9.05, 3.0), (9.85, 3.0), "乘 $W_o$", text_offset=0.1)
         _box(ax, (9.9, 1.6, 1.2, 2.8), "输出\nL × C", fontsize=10)
         ax.text(5.6, 5.85, "每个头都看全部输入：被切开的是投影之后的 Q、K、V（C = H × D）",
                 ha="center", va="center", fontsize=10)
@@ -123,7 +123,7 @@ def draw_recompute():
         for i in range(3):  # the blocks recomputed on chip, one at a time
             for j in range(3):
                 _box(bottom, (6.3 + 0.62 * j, 2.55 - 0.62 * i, 0.55, 0.55), color="#F2B8B5" if i == j else "#FBE3E1")
-        bottom.text(7.2, 0.75, "P_ij = exp(S_ij − lse_i)\n用完即弃", ha="center", va="center", fontsize=9)
+        bottom.text(7.2, 0.75, r"$P_{ij} = \exp(S_{ij} - \mathrm{lse}_i)$" "\n用完即弃", ha="center", va="center", fontsize=9)
         _arrow(bottom, (8.3, 2.0), (9.25, 2.0), "重算")
         fig.tight_layout()
     return fig

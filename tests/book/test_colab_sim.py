@@ -114,13 +114,18 @@ def colab_env(tmp_path_factory):
         "env": KERNEL_THREADS,  # the 1-thread pass of the book (see KERNEL_THREADS)
     }))
     yield {"tmp": tmp, "venv": venv, "python": python, "env": env, "checkout": checkout,
-           "jupyter_path": str(tmp / "jupyter")}
+           "jupyter_path": str(tmp / "jupyter"), "install_output": proc.stdout}
     shutil.rmtree(tmp, ignore_errors=True)  # about 1.5 GB (torch); pytest would keep the last three runs
 
 
 @pytest.mark.slow
 def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     python = colab_env["python"]
+    # Installing, the cell said so in one line (pip's own output, with -q, goes nowhere or to stderr).
+    version = _run([str(python), "-c", "import importlib.metadata as m; print(m.version('attn-lib'))"],
+                   cwd=colab_env["tmp"], env=colab_env["env"]).stdout.strip()
+    said = colab_env["install_output"].splitlines()[0]
+    assert said == f"正在安装 attn_lib（来自 {colab_env['checkout']}，含中文字体）……完成（attn_lib {version}）", said
     # Running the cell a second time (attn_lib now importable) does nothing and prints nothing.
     again = _run([str(python), "-c", SETUP_CELL], cwd=colab_env["tmp"], env=colab_env["env"])
     assert again.stdout == "" and again.stderr == ""

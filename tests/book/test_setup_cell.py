@@ -5,7 +5,9 @@ it verbatim as its first code cell; the repository it installs from must be _con
 ``repository.url`` (the one place the URL is set). Where attn_lib is importable the cell
 prints nothing and runs nothing (so nbval's committed outputs stay identical); where it is
 not, it runs exactly one pip command: from ATTN_LIB_SOURCE when set, else from the clone of
-this repository the notebook runs in (ModelScope), else from GitHub (Colab). It never runs
+this repository the notebook runs in (ModelScope), else from GitHub (Colab). While it installs
+it prints one line: 「正在安装 attn_lib（来自 <source>，含中文字体）……」 before pip starts (so the
+reader sees it during the install), then 「完成（attn_lib <version>）」 on the same line. It never runs
 apt (the CJK font ships with attn_lib), and on a torch older than the floor it stops with the
 version needed instead of installing.
 """
@@ -15,6 +17,7 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import io
+import os
 import re
 import subprocess
 import sys
@@ -53,20 +56,25 @@ def test_setup_cell_installs_from_the_configured_repository():
 
 
 def _exec_cell(monkeypatch, *, importable: bool, env_source: str | None = None, colab: bool = False,
-               torch_version: str | None = "2.13.0"):
-    """Run the cell's text in this process with subprocess.run recorded instead of executed."""
+               torch_version: str | None = "2.13.0", attn_lib_version: str | None = "0.1.0"):
+    """Run the cell's text in this process with subprocess.run recorded instead of executed.
+
+    Each recorded call is (args, kwargs, what the cell had printed to stdout when it ran pip).
+    """
     calls = []
     real_version = importlib.metadata.version
+    fakes = {"torch": torch_version, "attn-lib": attn_lib_version}
+    out, err = io.StringIO(), io.StringIO()
 
     def fake_version(name):
-        if name != "torch":
+        if name not in fakes:
             return real_version(name)
-        if torch_version is None:
+        if fakes[name] is None:
             raise importlib.metadata.PackageNotFoundError(name)
-        return torch_version
+        return fakes[name]
 
     monkeypatch.setattr(importlib.metadata, "version", fake_version)
-    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k)) or
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append((a, k, out.getvalue())) or
                         subprocess.CompletedProcess(a[0] if a else None, 0))
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -79,7 +87,6 @@ def _exec_cell(monkeypatch, *, importable: bool, env_source: str | None = None, 
         monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     else:
         monkeypatch.delitem(sys.modules, "google.colab", raising=False)
-    out, err = io.StringIO(), io.StringIO()
     namespace: dict = {}
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         exec(compile(SETUP_CELL, "setup_cell.py", "exec"), namespace)
@@ -106,6 +113,42 @@ def test_setup_cell_installs_from_github_when_attn_lib_is_missing(monkeypatch, t
     cmd = calls[0][0][0]
     assert cmd == [sys.executable, "-m", "pip", "install", "-q", f"git+{url}"]
     assert calls[0][1].get("check") is True
+    assert out == f"正在安装 attn_lib（来自 git+{url}，含中文字体）……完成（attn_lib 0.1.0）\n" and err == ""
+
+
+def test_setup_cell_says_what_it_installs_before_pip_runs(monkeypatch, tmp_path):
+    """The line's start is printed (and flushed) before pip starts; the end, on the same line, after."""
+    monkeypatch.chdir(tmp_path)
+    calls, out, _ = _exec_cell(monkeypatch, importable=False, env_source="/some/attn_lib")
+    assert calls[0][2] == "正在安装 attn_lib（来自 /some/attn_lib，含中文字体）……"
+    assert out == calls[0][2] + "完成（attn_lib 0.1.0）\n" and out.count("\n") == 1
+    _, out, _ = _exec_cell(monkeypatch, importable=False, env_source="/some/attn_lib", attn_lib_version=None)
+    assert out == "正在安装 attn_lib（来自 /some/attn_lib，含中文字体）……完成\n"
+
+
+def test_setup_cell_line_reaches_the_terminal_before_pip_in_a_real_interpreter(tmp_path):
+    """A fresh process, stdout a pipe (block-buffered, as in a kernel): pip, here a stand-in that reads what the
+    pipe has received so far, sees the start of the line already; the whole output is that one line."""
+    seen = tmp_path / "seen_by_pip.txt"
+    stand_in = (f"def _pip(cmd, **k):\n    import time; time.sleep(0.5)\n"
+                f"    open({str(seen)!r}, 'w').write(str(cmd))\n")
+    code = ("import subprocess, importlib.util\nimportlib.util.find_spec = lambda name, *a: None\n"
+            + stand_in + "subprocess.run = _pip\n" + SETUP_CELL)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a kernel's stdout
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=tmp_path, env={**env, "ATTN_LIB_SOURCE": "/x"}, bufsize=0)
+    start = "正在安装 attn_lib（来自 /x，含中文字体）……".encode()
+    first = b""
+    while len(first) < len(start):  # arrives while pip is still "running"
+        chunk = os.read(proc.stdout.fileno(), len(start) - len(first))
+        assert chunk, f"the process ended after printing only {first.decode()!r}"
+        first += chunk
+    assert not seen.exists() and first == start
+    rest, err = proc.communicate(timeout=120)
+    version = importlib.metadata.version("attn-lib")
+    assert proc.returncode == 0 and err == b"", err
+    assert (first + rest).decode() == f"正在安装 attn_lib（来自 /x，含中文字体）……完成（attn_lib {version}）\n"
+    assert "pip" in seen.read_text(encoding="utf-8")
 
 
 def test_setup_cell_honours_attn_lib_source(monkeypatch, tmp_path):
@@ -128,7 +171,7 @@ def test_setup_cell_installs_from_the_clone_it_runs_in(monkeypatch, tmp_path):
     monkeypatch.chdir(clone / "chapters")
     calls, out, err = _exec_cell(monkeypatch, importable=False)
     assert [c[0][0] for c in calls] == [[sys.executable, "-m", "pip", "install", "-q", str(clone)]]
-    assert out == "" and err == ""
+    assert out == f"正在安装 attn_lib（来自 {clone}，含中文字体）……完成（attn_lib 0.1.0）\n" and err == ""
     monkeypatch.chdir(clone)  # a notebook opened at the clone's top folder finds it too
     calls, _, _ = _exec_cell(monkeypatch, importable=False)
     assert [c[0][0][-1] for c in calls] == [str(clone)]

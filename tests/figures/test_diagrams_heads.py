@@ -11,6 +11,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from attn_lib.figures import diagrams_heads  # noqa: E402
+from figure_text import figure_subscript_problems  # noqa: E402
 
 HAN = re.compile(r"[\u4e00-\u9fff]")
 DIAGRAMS = {
@@ -41,6 +42,15 @@ def test_diagram_fits_a_phone_and_speaks_chinese(name):
         for t in texts:
             ext = t.get_window_extent(renderer)
             assert ext.x0 >= box.x0 and ext.x1 <= box.x1, f"{t.get_text()!r} sticks out sideways"
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("name", sorted(DIAGRAMS))
+def test_diagram_writes_subscripts_in_mathtext(name):
+    fig = DIAGRAMS[name]()
+    try:
+        assert figure_subscript_problems(fig) == []
     finally:
         plt.close(fig)
 
