@@ -6,7 +6,8 @@ words with ``jieba.cut_for_search``); without it not a single Chinese word reach
 
 - jieba's dictionary does not know this book's terms (it cuts 注意力分数 into 注意 / 注意力 /
   分数). Every term defined in ``glossary.md`` (and ``EXTRA_WORDS``) is added to jieba's
-  dictionary before the index is built, so each is indexed whole.
+  dictionary before the index is built, so each is indexed whole; a text that holds a term
+  inside a longer word (位置编码 in 旋转位置编码) is indexed under the term too.
 - The search page looks each query word up as one index entry, and Sphinx drops
   one-character words from the index. A query that is not one indexed word (注意力机制,
   查询头, 分数矩阵, 显存带宽: jieba cuts them into 注意力 / 机制, 查询 / 头 ...) found nothing.
@@ -98,9 +99,13 @@ class BookChinese(SearchChinese):
     """中文搜索语言：jieba 的词、单个汉字和相邻的两个汉字都进索引，查询按 ``JS_SPLITTER`` 拆分。"""
 
     js_splitter_code = JS_SPLITTER
+    # The glossary's Han terms (set by ``_add_words``): a text that holds one inside a longer
+    # word (位置编码 in 旋转位置编码, which jieba keeps whole) is indexed under it as well.
+    terms: tuple[str, ...] = ()
 
     def split(self, input: str) -> list[str]:  # noqa: A002 - Sphinx's signature
-        return super().split(input) + han_grams(input)
+        inside = [t for t in self.terms if t in input]
+        return super().split(input) + han_grams(input) + inside
 
     def word_filter(self, stemmed_word: str) -> bool:
         # Sphinx's Chinese filter drops one-character words; a Han character or a Greek
@@ -120,10 +125,12 @@ def _add_words(app, config) -> None:
         )
         return
     jieba.setLogLevel(logging.WARNING)  # no "Building prefix dict..." chatter on stderr
-    for word in search_words(app.srcdir):
+    words = search_words(app.srcdir)
+    for word in words:
         # Terms with a space (在线 Softmax) cannot be one jieba word; their parts are indexed.
         if " " not in word:
             jieba.add_word(word, freq=100000)
+    BookChinese.terms = tuple(w for w in words if _HAN_RUN.fullmatch(w))
 
 
 def setup(app):

@@ -34,7 +34,10 @@
     sidebar.scrollTop = Math.max(0, bottomUnscrolled + margin - sidebar.clientHeight);
   }
 
-  // The theme scrolls the sidebar when the document is ready; this runs after it.
-  if (document.readyState === "complete") keepTitleInView();
-  else window.addEventListener("load", keepTitleInView);
+  // The theme scrolls the sidebar once the page has loaded (its handler may be registered
+  // after this one): run after every load handler.
+  // Measured once the fonts are in: before that the entries wrap differently.
+  const later = () => document.fonts.ready.then(() => setTimeout(keepTitleInView, 0));
+  if (document.readyState === "complete") later();
+  else window.addEventListener("load", later);
 })();

@@ -3,26 +3,36 @@
 Checks: a page count in the expected range; a title page, a table of contents that names every
 chapter with the page it starts on (and that page does open with the chapter's title); every
 chapter's title and one of its printed outputs in the text; as many images as the chapters
-have figures; formulas typeset (no TeX source left); every font embedded, Han characters
-extractable; a page number in every page's footer. One page is rendered to PNG (pdftoppm) and
-must not be blank; it is kept in test-artifacts/ for a person to look at.
-A missing PDF fails with the command that makes it.
+have figures; formulas typeset (no TeX source left, no escape such as BLOCK\\_M printed);
+every font embedded as a real font (TrueType / Type 1 / CID, never Type 3), Han characters
+extractable; a page number in every page's footer. As a printed book: every 参考答案 printed
+open (each answer's text is in the PDF), the hidden checker code printed and the set-up cells
+left out (no 「展开被隐藏的代码」 bar), no page ending in an empty code box (pages rendered by
+pdftoppm and scanned for a tall empty box), no figure split across two pages (pdfimages), no
+row of a printed table wrapped (the report make_pdf.py writes beside the PDF). One page is
+rendered to PNG (pdftoppm) and must not be blank; it is kept in test-artifacts/ for a person
+to look at. A missing PDF fails with the command that makes it.
 """
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PDF = ROOT / "_build" / "pdf" / "book.pdf"
 SITE_PDF = ROOT / "_build" / "html" / "book.pdf"
+REPORT = PDF.with_name("book-report.json")
+EMPTY_BOX_PT = 100  # an empty stretch of code box this tall ends a page: its code went to the next
+SCAN_DPI = 30
 ARTIFACTS = ROOT / "test-artifacts"
 IGNORE_TAGS = {"nbval-ignore-output", "nbval-skip"}
 
@@ -87,11 +97,20 @@ def test_table_of_contents_gives_the_page_each_chapter_starts_on():
     assert _han(pages[0]).startswith(_han(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["title"]))
     toc = pages[1]
     assert _squash(toc).startswith("目录"), toc[:200]
+    # Entries as Han characters and digits only (pdftotext may move a Latin run), each ending in
+    # its page number at the end of a line; an entry may run over two lines where full-width
+    # punctuation leaves a wide gap (「02 点积：」 / 「「有多像」怎么算 17」).
+    entries, pending = {}, ""
+    for line in toc.rstrip().splitlines()[1:-1]:  # after 目录, before the footer's "2 / 240"
+        pending += re.sub(r"[^\u4e00-\u9fff0-9]", "", line)
+        m = re.fullmatch(r"(.*?\D)(\d+)", pending)
+        if m:
+            entries[m.group(1)] = int(m.group(2))
+            pending = ""
     for name in _toc_files():
         title = _title(name)
-        line = next((ln for ln in toc.splitlines() if _han(title) and _han(ln) == _han(title)), None)
-        assert line is not None, f"{title!r} is not in the table of contents"
-        number = int(re.search(r"(\d+)\s*$", line).group(1))
+        number = entries.get(re.sub(r"[^\u4e00-\u9fff0-9]", "", title))
+        assert number is not None, f"{title!r} is not in the table of contents with a page number: {entries}"
         assert _han(pages[number - 1]).startswith(_han(title)), f"{title!r}: page {number} does not open with it"
 
 
@@ -169,10 +188,20 @@ def test_fonts_are_embedded():
     assert len(han) > 50_000, f"only {len(han)} Han characters extractable"
 
 
+def test_fonts_are_real_fonts_not_type_3():
+    """Chromium embeds CFF fonts (Noto CJK, MathJax's) as Type 3; make_pdf.py gives it TrueType copies."""
+    listing = subprocess.run(["pdffonts", str(PDF)], capture_output=True, text=True, check=True).stdout
+    rows = [ln for ln in listing.splitlines()[2:] if ln.strip()]
+    type3 = [ln for ln in rows if " Type 3 " in ln]
+    assert not type3, f"{len(type3)} Type 3 fonts, e.g.\n" + "\n".join(type3[:5])
+    names = " ".join(ln.split()[0] for ln in rows)
+    assert "NotoSansCJKsc" in names and "NotoSansMonoCJKsc" in names and "MathJax_Main" in names, names
+
+
 def test_every_page_has_its_number():
     pages = _pages()
     n = len(pages)
-    unnumbered = [i + 1 for i, p in enumerate(pages) if f"第{i + 1}页，共{n}页" not in _squash(p)]
+    unnumbered = [i + 1 for i, p in enumerate(pages) if f"{i + 1}/{n}" not in _squash(p)]
     assert not unnumbered, f"pages without a page number in the footer: {unnumbered[:20]}"
 
 
@@ -204,3 +233,128 @@ def test_the_site_links_the_pdf():
         html = (site / page).read_text(encoding="utf-8")
         want = "book.pdf" if "/" not in page else "../book.pdf"
         assert f'href="{want}"' in html, f"{page} does not link {want}"
+
+
+# --- As a printed book ---------------------------------------------------------------------------
+
+def _answers() -> list[tuple[str, str]]:
+    """(chapter, the longest run of Han characters) of every 参考答案 dropdown in the chapters."""
+    found = []
+    for name in _toc_files():
+        path = (ROOT / name).with_suffix(".ipynb")
+        if not path.is_file():
+            continue
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for m in re.finditer(r"^(:{3,})\{dropdown\}\s*参考答案\s*$(.*?)^\1\s*$", cell.source, flags=re.S | re.M):
+                body = re.sub(r"\$\$.*?\$\$|\$[^$]*\$|`[^`]*`|\[[^\]]*\]\([^)]*\)", " ", m.group(2), flags=re.S)
+                runs = re.findall(r"[\u4e00-\u9fff]+", body)
+                if runs:
+                    found.append((path.stem, max(runs, key=len)))
+    return found
+
+
+def test_every_answer_is_printed_open():
+    answers = _answers()
+    assert len(answers) >= 45, f"only {len(answers)} 参考答案 found in the chapters"
+    text = _han("".join(_pages()))
+    missing = [f"{chapter}: {run}" for chapter, run in answers if run not in text]
+    assert not missing, f"{len(missing)} of {len(answers)} answers are not in the PDF:\n" + "\n".join(missing[:10])
+    assert text.count("参考答案") >= len(answers)
+
+
+def _hidden_cells() -> tuple[list[str], str]:
+    """The first line of every code cell tagged hide-input or hide-output, and the set-up cell's first line."""
+    setup = (ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8").lstrip().split("\n", 1)[0]
+    lines = []
+    for name in _toc_files():
+        path = (ROOT / name).with_suffix(".ipynb")
+        if path.is_file():
+            for cell in nbformat.read(path, as_version=4).cells:
+                tags = set(cell.get("metadata", {}).get("tags", []))
+                first = cell.source.strip().split("\n", 1)[0] if cell.source.strip() else ""
+                if cell.cell_type == "code" and tags & {"hide-input", "hide-output"} and first and first != setup:
+                    lines.append(first)
+    return lines, setup
+
+
+def test_hidden_code_is_printed_and_the_set_up_cells_left_out():
+    text = "".join(_pages())
+    assert "展开被隐藏的代码" not in text and "收起代码" not in text, "a fold-out bar printed"
+    hidden, setup = _hidden_cells()
+    assert len(hidden) >= 40, hidden[:3]
+    flat = _squash(text)
+    missing = [line for line in hidden if _squash(line) not in flat]
+    assert not missing, f"hidden code not printed: {missing[:10]}"
+    assert _han(setup) not in _han(text), "the set-up cell is printed"
+
+
+def _empty_box_runs(pgm: Path) -> float:
+    """The tallest stretch (pt) of rows that are one flat light grey across the middle of a page."""
+    from PIL import Image
+
+    a = np.asarray(Image.open(pgm), dtype=np.int16)
+    mid = a[:, int(a.shape[1] * 0.2):int(a.shape[1] * 0.8)]
+    lo, hi = mid.min(axis=1), mid.max(axis=1)
+    flat = (hi - lo <= 2) & (lo >= 225) & (hi <= 251)  # a code box's background, no ink, not white paper
+    best = run = 0
+    for row in flat:
+        run = run + 1 if row else 0
+        best = max(best, run)
+    return best * 72 / SCAN_DPI
+
+
+def test_no_page_ends_in_an_empty_code_box(tmp_path):
+    subprocess.run(["pdftoppm", "-gray", "-r", str(SCAN_DPI), str(PDF), str(tmp_path / "p")], check=True, timeout=300)
+    scans = sorted(tmp_path.glob("p-*.pgm"))
+    assert len(scans) == _page_count()
+    empty = {int(f.stem.split("-")[1]): round(_empty_box_runs(f)) for f in scans}
+    bad = {page: pt for page, pt in empty.items() if pt >= EMPTY_BOX_PT}
+    assert not bad, f"pages with an empty code box of {EMPTY_BOX_PT} pt or more (page: pt): {bad}"
+
+
+def test_the_empty_box_scan_sees_a_box(tmp_path):
+    """The scan itself: a drawn page with a 150 pt empty grey box is caught, a white page is not."""
+    from PIL import Image
+
+    page = np.full((int(11.69 * SCAN_DPI), int(8.27 * SCAN_DPI)), 255, dtype=np.uint8)
+    white = tmp_path / "white.pgm"
+    Image.fromarray(page).save(white)
+    rows = int(150 * SCAN_DPI / 72)
+    page[100:100 + rows, 20:-20] = 247
+    boxed = tmp_path / "boxed.pgm"
+    Image.fromarray(page).save(boxed)
+    assert _empty_box_runs(white) == 0 and _empty_box_runs(boxed) >= 140
+
+
+def test_no_figure_is_split_across_pages():
+    listing = subprocess.run(["pdfimages", "-list", str(PDF)], capture_output=True, text=True, check=True).stdout
+    pages_of: dict[str, set[int]] = {}
+    for ln in listing.splitlines()[2:]:
+        cols = ln.split()
+        if len(cols) > 10 and cols[2] == "image":
+            pages_of.setdefault(cols[10], set()).add(int(cols[0]))  # object number -> pages it is drawn on
+    assert len(pages_of) > 20
+    split = {obj: sorted(p) for obj, p in pages_of.items() if len(p) > 1}
+    assert not split, f"images drawn on more than one page (object: pages): {split}"
+
+
+def _report() -> dict:
+    if not REPORT.is_file() or REPORT.stat().st_mtime < PDF.stat().st_mtime - 5:
+        pytest.fail(f"{REPORT} is missing or older than the PDF: run `make pdf`")
+    return json.loads(REPORT.read_text(encoding="utf-8"))
+
+
+def test_no_printed_table_row_wraps():
+    changed = _report()["print"]
+    assert changed["pre"] > 300 and changed["details"] >= 45, changed
+    assert not changed["tableRowsWrapped"], (
+        "rows of printed tables too wide for the column even at the smallest code size (shorten the "
+        "table's columns in the chapter):\n" + "\n".join(changed["tableRowsWrapped"]))
+
+
+def test_no_tex_escape_is_printed():
+    text = "".join(_pages())
+    escapes = sorted(set(re.findall(r".{0,20}[A-Za-z]\\_[A-Za-z].{0,10}", text)))
+    assert not escapes, f"TeX escapes printed literally: {escapes}"

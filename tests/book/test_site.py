@@ -6,7 +6,8 @@ on a machine with no network. For every page: no console error, no failed or blo
 request, math typeset by the vendored MathJax, no broken image, Chinese drawn with a CJK
 font, and a full-page screenshot in test-artifacts/screenshots/ at 1280×800 (laptop) and
 390×844 (phone, ``*@390.png``). Notebook pages also get their Colab, Binder and download
-buttons checked; the search page must find chapters for Chinese terms.
+buttons checked. (Search, figure shapes, the phone drawer and the sidebar on landing:
+test_site_reading.py.)
 
 As a reader meets the site: the ☰ button opens the table of contents on a phone
 and folds the sidebar on a laptop, the page-contents button opens the page outline on a
@@ -34,7 +35,6 @@ from attn_lib.tolerances import LAYOUT_PX
 from site_server import (
     ROOT,
     SITE,
-    SPECIAL_PAGES,
     html_pages,
     launch_chromium,
     offline_context,
@@ -362,54 +362,6 @@ def test_ui_labels_are_chinese(english):
     files = [SITE / p for p in html_pages()] + [SITE / "_static" / "togglebutton.js"]
     left = [f.relative_to(SITE).as_posix() for f in files if english in f.read_text(encoding="utf-8")]
     assert not left, f"{english!r} is still in {left}"
-
-
-def _search(context, base_url: str, query: str) -> list[str]:
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda e: problems.append(str(e)))
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    try:
-        page.goto(base_url + "search.html?q=" + urllib.parse.quote(query), wait_until="load")
-        page.wait_for_function(
-            "() => { const s = document.querySelector('#search-results .search-summary');"
-            " return s && s.textContent.trim().length > 0 && !document.querySelector('#search-progress:not(:empty)'); }",
-            timeout=20000,
-        )
-        page.wait_for_load_state("networkidle")
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"search__{query}.png"), full_page=True)
-        hrefs = page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(a => a.href)")
-    finally:
-        page.close()
-    assert not problems, f"search for {query}: {problems}"
-    return [urllib.parse.urlsplit(h).path.lstrip("/") for h in hrefs]
-
-
-def _pages_containing(word: str) -> set[str]:
-    """Content pages whose article text contains ``word`` (what the search must find)."""
-    found = set()
-    for rel in html_pages():
-        if rel in SPECIAL_PAGES:
-            continue
-        html = (SITE / rel).read_text(encoding="utf-8")
-        m = re.search(r"<article.*?</article>", html, flags=re.S)
-        if m and word in re.sub(r"<[^>]+>", "", m.group(0)):
-            found.add(rel)
-    return found
-
-
-@pytest.mark.parametrize("query", ["注意力分数", "隐藏层维度", "掩码"])
-def test_search_finds_chinese_terms(context, base_url, query):
-    if MISSING:
-        pytest.fail(MISSING)
-    expected = _pages_containing(query)
-    assert "glossary.html" in expected, f"the glossary should define {query}"
-    found = set(_search(context, base_url, query))
-    assert expected <= found, f"search for {query} found {sorted(found)}, missed {sorted(expected - found)}"
-    chapters = sorted(p for p in expected if p.startswith("chapters/"))
-    if NOTEBOOK_PAGES and query == "注意力分数":
-        assert chapters, "no chapter uses 注意力分数?"
 
 
 def test_index_redirects_to_intro(context, base_url):
