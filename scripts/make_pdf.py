@@ -168,7 +168,7 @@ def _use_truetype_fonts(page, site: Path, url: str) -> None:
     page.add_style_tag(content=css)
     families = [f'{w} 16px "{fam}"' for fam, w, _, _ in pdf_fonts.FACES]
     failed = page.evaluate("async (fs) => { const out = []; for (const f of fs) {"
-                           " const got = await document.fonts.load(f, '注a'); if (!got.length) out.push(f); }"
+                           " const got = await document.fonts.load(f, '\\u6ce8a'); if (!got.length) out.push(f); }"
                            " await document.fonts.ready; return out; }", families)
     if failed:
         raise SystemExit(f"the PDF's TrueType fonts did not load: {failed}")
