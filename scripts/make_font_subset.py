@@ -134,6 +134,7 @@ def build(source: Path) -> tuple[bytes, dict]:
     subsetter.populate(unicodes=[ord(c) for c in covered])
     subsetter.subset(font)
     _rename(font)
+    font.recalcTimestamp = False  # keep the source's head.modified: the same input gives the same bytes
     buf = io.BytesIO()
     font.save(buf)
     report = {"characters": len(covered), "han": sum(bool(HAN.match(c)) for c in covered),

@@ -14,7 +14,9 @@
 // - boxes (code cells, outputs, code blocks, answers, tables) no taller than keepMaxPx are
 //   kept on one page (class pdf-keep); a taller box may break across pages, and because no
 //   box inside it avoids breaking, its content follows it instead of leaving it empty;
-// - a figure taller than imgMaxPx is scaled down, keeping its shape, so it fits on one page.
+// - a figure taller than imgMaxPx is scaled down, keeping its shape, so it fits on one page;
+// - the last box of each chapter loses its bottom margin and shadow, which would otherwise
+//   print a page of their own before the next chapter.
 // Returns counts of what it changed.
 (opts) => {
   const {keepMaxPx, imgMaxPx, minFontScale, setupMarker} = opts;
@@ -99,6 +101,18 @@
     }
   }
 
+  // A part (chapter) ends where the next one starts a new page. Its last box's bottom margin
+  // and shadow would spill a few pixels over the page and print a page of their own: the
+  // chain of last elements of each part gets no bottom margin and no shadow.
+  let trimmed = 0;
+  for (const part of article.querySelectorAll('section.book-part')) {
+    for (let el = part; el; el = el.lastElementChild) {
+      el.style.setProperty('margin-bottom', '0', 'important');
+      el.style.setProperty('box-shadow', 'none', 'important');
+      trimmed++;
+    }
+  }
+
   const boxes = article.querySelectorAll(
     '.cell_input, .cell_output > .output, div[class*="highlight-"]:not(.cell_input *):not(.cell_output *),'
     + ' details.sd-dropdown, table, div.math');
@@ -108,5 +122,5 @@
     b.classList.toggle('pdf-keep', keep);
     if (keep) kept++;
   });
-  return {setupCells, details: details.length, pre: pres.length, shrunk, wrapped, tableRowsWrapped, scaled, boxes: boxes.length, kept};
+  return {setupCells, trimmed, details: details.length, pre: pres.length, shrunk, wrapped, tableRowsWrapped, scaled, boxes: boxes.length, kept};
 }

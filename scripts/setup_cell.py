@@ -15,7 +15,7 @@ if importlib.util.find_spec("attn_lib") is None:
                    if (p / "attn_lib" / "__init__.py").is_file() and (p / "pyproject.toml").is_file()), None)
     _source = os.environ.get("ATTN_LIB_SOURCE") or (str(_clone) if _clone else
                                                      "git+https://github.com/attn-book/attention-chapter")
-    print(f"正在安装 attn_lib（来自 {_source}，含中文字体）……", end="", flush=True)  # 安装要一会儿，先说一声
+    print(f"正在安装 attn_lib 及其依赖（来自 {_source}，含中文字体）……", end="", flush=True)  # 安装要一会儿，先说一声
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", _source], check=True)
     importlib.invalidate_caches()
     try:

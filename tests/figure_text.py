@@ -31,3 +31,15 @@ def drawn_texts(fig) -> list[str]:
 def figure_subscript_problems(fig) -> list[str]:
     """「text: subscripts」 for each text of ``fig`` that writes a subscript as plain text."""
     return [f"{t!r}: {plain_subscripts(t)}" for t in drawn_texts(fig) if plain_subscripts(t)]
+
+
+def assert_subscripts_in_mathtext(draw) -> None:
+    """Draw a figure with ``draw()``, assert that none of its texts writes a plain subscript, close it."""
+    import matplotlib.pyplot as plt
+
+    fig = draw()
+    try:
+        problems = figure_subscript_problems(fig)
+        assert problems == [], "plain-text subscripts (write them as $X_{y}$):\n" + "\n".join(problems)
+    finally:
+        plt.close(fig)

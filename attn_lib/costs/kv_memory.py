@@ -150,7 +150,7 @@ def kv_memory_table(tokens=TABLE_TOKENS, *, bytes_per_value: int = BF16_BYTES, c
 
 def format_kv_table(rows: list[dict]) -> str:
     """把 ``kv_memory_table`` 的结果排成一张文字表（中文表头，GiB 保留两位小数）。"""
-    return text_table(["模型", "位置数", "缓存里存的位置", "KV 缓存 GiB", "不共用键值头时 GiB"],
+    return text_table(["模型", "位置数", "缓存里存的位置数", "KV 缓存 GiB", "不共用键值头时 GiB"],
                       [[r["model"], str(r["tokens"]), str(r["stored_tokens"]), f"{r['gib']:.2f}",
                         f"{r['gib_without_sharing']:.2f}"] for r in rows])
 

@@ -125,7 +125,7 @@ def test_setup_cell_installs_attn_lib_into_a_fresh_environment(colab_env):
     version = _run([str(python), "-c", "import importlib.metadata as m; print(m.version('attn-lib'))"],
                    cwd=colab_env["tmp"], env=colab_env["env"]).stdout.strip()
     said = colab_env["install_output"].splitlines()[0]
-    assert said == f"正在安装 attn_lib（来自 {colab_env['checkout']}，含中文字体）……完成（attn_lib {version}）", said
+    assert said == f"正在安装 attn_lib 及其依赖（来自 {colab_env['checkout']}，含中文字体）……完成（attn_lib {version}）", said
     # Running the cell a second time (attn_lib now importable) does nothing and prints nothing.
     again = _run([str(python), "-c", SETUP_CELL], cwd=colab_env["tmp"], env=colab_env["env"])
     assert again.stdout == "" and again.stderr == ""

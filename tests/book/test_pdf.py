@@ -358,3 +358,10 @@ def test_no_tex_escape_is_printed():
     text = "".join(_pages())
     escapes = sorted(set(re.findall(r".{0,20}[A-Za-z]\\_[A-Za-z].{0,10}", text)))
     assert not escapes, f"TeX escapes printed literally: {escapes}"
+
+
+def test_no_page_is_blank():
+    """A page with nothing but its footer (the last box of a chapter spilling over, an empty marker)."""
+    blank = [i + 1 for i, page in enumerate(_pages())
+             if not [ln for ln in page.splitlines() if ln.strip() and not re.fullmatch(r"\s*\d+ / \d+\s*", ln)]]
+    assert not blank, f"pages with nothing but the page number: {blank}"

@@ -6,7 +6,7 @@ it verbatim as its first code cell; the repository it installs from must be _con
 prints nothing and runs nothing (so nbval's committed outputs stay identical); where it is
 not, it runs exactly one pip command: from ATTN_LIB_SOURCE when set, else from the clone of
 this repository the notebook runs in (ModelScope), else from GitHub (Colab). While it installs
-it prints one line: 「正在安装 attn_lib（来自 <source>，含中文字体）……」 before pip starts (so the
+it prints one line: 「正在安装 attn_lib 及其依赖（来自 <source>，含中文字体）……」 before pip starts (so the
 reader sees it during the install), then 「完成（attn_lib <version>）」 on the same line. It never runs
 apt (the CJK font ships with attn_lib), and on a torch older than the floor it stops with the
 version needed instead of installing.
@@ -113,17 +113,17 @@ def test_setup_cell_installs_from_github_when_attn_lib_is_missing(monkeypatch, t
     cmd = calls[0][0][0]
     assert cmd == [sys.executable, "-m", "pip", "install", "-q", f"git+{url}"]
     assert calls[0][1].get("check") is True
-    assert out == f"正在安装 attn_lib（来自 git+{url}，含中文字体）……完成（attn_lib 0.1.0）\n" and err == ""
+    assert out == f"正在安装 attn_lib 及其依赖（来自 git+{url}，含中文字体）……完成（attn_lib 0.1.0）\n" and err == ""
 
 
 def test_setup_cell_says_what_it_installs_before_pip_runs(monkeypatch, tmp_path):
     """The line's start is printed (and flushed) before pip starts; the end, on the same line, after."""
     monkeypatch.chdir(tmp_path)
     calls, out, _ = _exec_cell(monkeypatch, importable=False, env_source="/some/attn_lib")
-    assert calls[0][2] == "正在安装 attn_lib（来自 /some/attn_lib，含中文字体）……"
+    assert calls[0][2] == "正在安装 attn_lib 及其依赖（来自 /some/attn_lib，含中文字体）……"
     assert out == calls[0][2] + "完成（attn_lib 0.1.0）\n" and out.count("\n") == 1
     _, out, _ = _exec_cell(monkeypatch, importable=False, env_source="/some/attn_lib", attn_lib_version=None)
-    assert out == "正在安装 attn_lib（来自 /some/attn_lib，含中文字体）……完成\n"
+    assert out == "正在安装 attn_lib 及其依赖（来自 /some/attn_lib，含中文字体）……完成\n"
 
 
 def test_setup_cell_line_reaches_the_terminal_before_pip_in_a_real_interpreter(tmp_path):
@@ -137,7 +137,7 @@ def test_setup_cell_line_reaches_the_terminal_before_pip_in_a_real_interpreter(t
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as a kernel's stdout
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd=tmp_path, env={**env, "ATTN_LIB_SOURCE": "/x"}, bufsize=0)
-    start = "正在安装 attn_lib（来自 /x，含中文字体）……".encode()
+    start = "正在安装 attn_lib 及其依赖（来自 /x，含中文字体）……".encode()
     first = b""
     while len(first) < len(start):  # arrives while pip is still "running"
         chunk = os.read(proc.stdout.fileno(), len(start) - len(first))
@@ -147,7 +147,7 @@ def test_setup_cell_line_reaches_the_terminal_before_pip_in_a_real_interpreter(t
     rest, err = proc.communicate(timeout=120)
     version = importlib.metadata.version("attn-lib")
     assert proc.returncode == 0 and err == b"", err
-    assert (first + rest).decode() == f"正在安装 attn_lib（来自 /x，含中文字体）……完成（attn_lib {version}）\n"
+    assert (first + rest).decode() == f"正在安装 attn_lib 及其依赖（来自 /x，含中文字体）……完成（attn_lib {version}）\n"
     assert "pip" in seen.read_text(encoding="utf-8")
 
 
@@ -171,7 +171,7 @@ def test_setup_cell_installs_from_the_clone_it_runs_in(monkeypatch, tmp_path):
     monkeypatch.chdir(clone / "chapters")
     calls, out, err = _exec_cell(monkeypatch, importable=False)
     assert [c[0][0] for c in calls] == [[sys.executable, "-m", "pip", "install", "-q", str(clone)]]
-    assert out == f"正在安装 attn_lib（来自 {clone}，含中文字体）……完成（attn_lib 0.1.0）\n" and err == ""
+    assert out == f"正在安装 attn_lib 及其依赖（来自 {clone}，含中文字体）……完成（attn_lib 0.1.0）\n" and err == ""
     monkeypatch.chdir(clone)  # a notebook opened at the clone's top folder finds it too
     calls, _, _ = _exec_cell(monkeypatch, importable=False)
     assert [c[0][0][-1] for c in calls] == [str(clone)]

@@ -36,11 +36,9 @@ from site_server import (
     ROOT,
     SITE,
     html_pages,
-    launch_chromium,
     offline_context,
     notebook_pages,
     repository,
-    serve,
     site_missing_message,
     wait_for_page,
     watch_page,
@@ -97,28 +95,6 @@ _PAGE_REPORT_JS = r"""
           hasHan: /[\u4e00-\u9fff]/.test(document.body.innerText)};
 }
 """
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    if MISSING:
-        pytest.fail(MISSING)
-    with serve(SITE) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:  # pragma: no cover - the pinned requirements include playwright
-        pytest.fail("the Python package playwright is missing: .venv/bin/python -m pip install -r requirements.txt")
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ their own shape, search for the book's terms, the phone drawer, the sidebar on l
   ``\\text{BLOCK\\_M}`` once showed 「BLOCK\\_M」), read from MathJax's own MathML copy.
 - The download menu: the whole-book PDF answers, and the theme's print item says it prints one page.
 
-Each page is opened once per width (``_shapes``); a missing site or browser fails.
+Each page is opened once per width (``_shapes``); a missing site or browser fails (the fixtures are
+in tests/book/conftest.py).
 """
 from __future__ import annotations
 
@@ -27,10 +28,8 @@ from site_server import (
     SITE,
     SPECIAL_PAGES,
     html_pages,
-    launch_chromium,
     notebook_pages,
     offline_context,
-    serve,
     site_missing_message,
     wait_for_page,
     watch_page,
@@ -55,26 +54,6 @@ def _glossary_terms() -> list[str]:
     terms = [re.sub(r"<[^>]+>", "", re.sub(r'<a class="headerlink".*?</a>', "", t)).strip()
              for t in re.findall(r'<dt id="term-[^"]*">(.*?)</dt>', html, flags=re.S)]
     return [t for t in terms if t] or ["(no glossary terms found)"]
-
-
-@pytest.fixture(scope="module")
-def base_url():
-    if MISSING:
-        pytest.fail(MISSING)
-    with serve(SITE) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +261,8 @@ def test_the_download_menu_s_pdf_items(contexts, base_url):
     book = [i for i in items if i["text"] == "整本书 PDF"]
     assert len(book) == 1, items
     with urllib.request.urlopen(book[0]["href"]) as response:  # the local server
-        assert response.status == 200 and response.read(5) == b"%PDF-", "the whole-book PDF does not answer"
+        body = response.read()  # all of it: closing early would reset the server's connection
+    assert response.status == 200 and body[:5] == b"%PDF-", "the whole-book PDF does not answer"
     printing = [i for i in items if ".pdf" in i["text"] and i is not book[0]]
     assert len(printing) == 1 and "这一页" in printing[0]["text"], f"the print item: {printing}"
     assert not problems, problems

@@ -83,6 +83,17 @@ def test_markdown_files(path):
     assert not found, _report(path.name, found)
 
 
+@pytest.mark.parametrize("key", ["title", "author"])
+def test_book_title_and_author(key):
+    """The site's title bar, every page's <title> and the PDF's cover show _config.yml's title."""
+    import yaml
+
+    value = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))[key]
+    assert value, f"_config.yml has no {key}"
+    found = _violations(value)
+    assert not found, _report(f"_config.yml {key}", found)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_markdown_cells(path):
     nb = read_notebook(path)

@@ -60,7 +60,7 @@ def test_table_rows_and_text():
     assert [r["gib_without_sharing"] for r in rows] == [2.0, 16.0, 10.0, 80.0, 2.0, 2.0]
     assert [r["stored_tokens"] for r in rows] == [4096, 32768, 4096, 32768, 4096, 4096]
     lines = format_kv_table(rows).splitlines()
-    assert lines[0].split() == ["模型", "位置数", "缓存里存的位置", "KV", "缓存", "GiB", "不共用键值头时", "GiB"]
+    assert lines[0].split() == ["模型", "位置数", "缓存里存的位置数", "KV", "缓存", "GiB", "不共用键值头时", "GiB"]
     assert len(lines) == 1 + 6
     assert lines[4].split() == ["Llama-2-70B", "32768", "32768", "10.00", "80.00"]
     assert lines[6].split() == ["Mistral-7B", "32768", "4096", "0.50", "2.00"]
