@@ -152,3 +152,18 @@ def wait_for_page(page) -> None:
         " return i.decode().catch(() => null); }))"
     )
     page.wait_for_load_state("networkidle")
+
+
+def open_page(ctx, base_url: str, rel: str):
+    """在 ``ctx`` 里打开站点的一页并等它排好；返回 ``(page, problems)``（站点没建好或没有这一页时测试失败）。"""
+    import pytest
+
+    missing = site_missing_message()
+    if missing or rel not in html_pages():
+        pytest.fail(missing or f"{rel} is not in the built site")
+    page = ctx.new_page()
+    problems: list[str] = []
+    watch_page(page, problems)
+    page.goto(base_url + rel, wait_until="load")
+    wait_for_page(page)
+    return page, problems

@@ -37,6 +37,7 @@ from site_server import (
     SITE,
     html_pages,
     offline_context,
+    open_page,
     notebook_pages,
     repository,
     site_missing_message,
@@ -380,17 +381,6 @@ TOGGLE_PAGES = (["chapters/04_scaling.html"] if "chapters/04_scaling.html" in NO
                 else sorted(NOTEBOOK_PAGES)[:1]) or ["(no notebook pages)"]
 
 
-def _open_page(ctx, base_url: str, rel: str):
-    if MISSING or rel not in PAGES:
-        pytest.fail(MISSING or f"{rel} is not in the built site")
-    page = ctx.new_page()
-    problems: list[str] = []
-    watch_page(page, problems)
-    page.goto(base_url + rel, wait_until="load")
-    wait_for_page(page)
-    return page, problems
-
-
 def _click_visible(page, selector: str) -> str:
     """Click the one visible button matching ``selector``; return its tooltip."""
     buttons = page.locator(selector)
@@ -411,7 +401,7 @@ def _shown(page, selector: str) -> bool:
 
 @pytest.mark.parametrize("rel", TOGGLE_PAGES)
 def test_phone_menu_button_opens_the_table_of_contents(phone_context, base_url, rel):
-    page, problems = _open_page(phone_context, base_url, rel)
+    page, problems = open_page(phone_context, base_url, rel)
     try:
         assert not _shown(page, PRIMARY), "the table of contents is open before ☰ is tapped"
         title = _click_visible(page, ".primary-toggle")
@@ -427,7 +417,7 @@ def test_phone_menu_button_opens_the_table_of_contents(phone_context, base_url, 
 
 @pytest.mark.parametrize("rel", TOGGLE_PAGES)
 def test_phone_contents_button_opens_the_page_outline(phone_context, base_url, rel):
-    page, problems = _open_page(phone_context, base_url, rel)
+    page, problems = open_page(phone_context, base_url, rel)
     try:
         assert not _shown(page, SECONDARY), "the page outline is open before its button is tapped"
         title = _click_visible(page, ".secondary-toggle")
@@ -443,7 +433,7 @@ def test_phone_contents_button_opens_the_page_outline(phone_context, base_url, r
 
 @pytest.mark.parametrize("rel", TOGGLE_PAGES)
 def test_laptop_menu_button_folds_and_unfolds_the_sidebar(context, base_url, rel):
-    page, problems = _open_page(context, base_url, rel)
+    page, problems = open_page(context, base_url, rel)
     try:
         article = lambda: page.locator("article").bounding_box()["width"]  # noqa: E731
         assert _shown(page, PRIMARY), "the table of contents is not shown on a laptop"

@@ -30,9 +30,8 @@ from site_server import (
     html_pages,
     notebook_pages,
     offline_context,
+    open_page,
     site_missing_message,
-    wait_for_page,
-    watch_page,
 )
 
 MISSING = site_missing_message()
@@ -64,17 +63,6 @@ def contexts(browser, base_url):
         ctx.close()
 
 
-def _open(ctx, base_url: str, rel: str):
-    if MISSING or rel not in PAGES:
-        pytest.fail(MISSING or f"{rel} is not in the built site")
-    page = ctx.new_page()
-    problems: list[str] = []
-    watch_page(page, problems)
-    page.goto(base_url + rel, wait_until="load")
-    wait_for_page(page)
-    return page, problems
-
-
 # --- Figures in their own shape ---------------------------------------------------------------
 
 _SHAPES_JS = """() => Array.from(document.querySelectorAll('article img')).map(i => {
@@ -86,7 +74,7 @@ _shape_cache: dict[tuple[str, str], list[dict]] = {}
 
 def _shapes(contexts, base_url: str, rel: str, size: str) -> list[dict]:
     if (rel, size) not in _shape_cache:
-        page, _ = _open(contexts[size], base_url, rel)
+        page, _ = open_page(contexts[size], base_url, rel)
         try:
             _shape_cache[rel, size] = page.evaluate(_SHAPES_JS)
         finally:
@@ -118,7 +106,7 @@ def test_the_shape_checks_see_figures(contexts, base_url):
 # --- Search -------------------------------------------------------------------------------------
 
 def _search(ctx, base_url: str, query: str) -> set[str]:
-    page, problems = _open(ctx, base_url, "search.html")
+    page, problems = open_page(ctx, base_url, "search.html")
     try:
         page.goto(base_url + "search.html?q=" + urllib.parse.quote(query), wait_until="load")
         page.wait_for_function(
@@ -168,7 +156,7 @@ _OPEN_DIALOGS_JS = "() => Array.from(document.querySelectorAll('dialog[open]')).
 
 
 def test_choosing_a_section_closes_the_phone_drawer(contexts, base_url):
-    page, problems = _open(contexts["phone"], base_url, "chapters/04_scaling.html")
+    page, problems = open_page(contexts["phone"], base_url, "chapters/04_scaling.html")
     try:
         buttons = page.locator(".secondary-toggle")
         visible = [i for i in range(buttons.count()) if buttons.nth(i).is_visible()]
@@ -206,7 +194,7 @@ _VISIBLE_IN_SIDEBAR_JS = """(sel) => {
 
 
 def test_landing_on_the_last_chapter_shows_the_title_and_search(contexts, base_url):
-    page, problems = _open(contexts["laptop"], base_url, LAST_CHAPTER)
+    page, problems = open_page(contexts["laptop"], base_url, LAST_CHAPTER)
     try:
         page.wait_for_timeout(300)
         for what, sel in (("the book's title", ".bd-sidebar-primary .navbar-brand"),
@@ -230,7 +218,7 @@ _MATH_TEXT_JS = """() => Array.from(document.querySelectorAll('article mjx-conta
 
 @pytest.mark.parametrize("rel", CONTENT_PAGES or ["(site not built)"])
 def test_no_formula_prints_a_backslash(contexts, base_url, rel):
-    page, problems = _open(contexts["laptop"], base_url, rel)
+    page, problems = open_page(contexts["laptop"], base_url, rel)
     try:
         formulas = page.evaluate(_MATH_TEXT_JS)
     finally:
@@ -240,7 +228,7 @@ def test_no_formula_prints_a_backslash(contexts, base_url, rel):
 
 
 def test_the_formula_check_reads_formulas(contexts, base_url):
-    page, _ = _open(contexts["laptop"], base_url, "chapters/08_flash_attention.html")
+    page, _ = open_page(contexts["laptop"], base_url, "chapters/08_flash_attention.html")
     try:
         shown = " ".join(f["shown"].replace(" ", "") for f in page.evaluate(_MATH_TEXT_JS))
     finally:
@@ -251,7 +239,7 @@ def test_the_formula_check_reads_formulas(contexts, base_url):
 # --- The download menu ---------------------------------------------------------------------------
 
 def test_the_download_menu_s_pdf_items(contexts, base_url):
-    page, problems = _open(contexts["laptop"], base_url, "chapters/04_scaling.html")
+    page, problems = open_page(contexts["laptop"], base_url, "chapters/04_scaling.html")
     try:
         items = page.evaluate("() => Array.from(document.querySelectorAll('.dropdown-download-buttons li'))"
                               ".map(li => ({text: li.textContent.trim(), href: (li.querySelector('a') || {}).href || null,"
