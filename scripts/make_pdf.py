@@ -78,9 +78,12 @@ PREPARE_JS = """([bookTitle, author, pages]) => {
     cover.id = 'pdf-cover';
     article.prepend(cover);
   }
-  cover.innerHTML = '<h1></h1><p></p>';
-  cover.querySelector('h1').textContent = title;
-  cover.querySelector('p').textContent = author;
+  // The title on two lines at its colon (注意力机制 / 把「相关」变成一次加权求和), never inside a word.
+  const [main, ...rest] = title.split('：');
+  cover.innerHTML = '<h1></h1><p class="subtitle"></p><p class="author"></p>';
+  cover.querySelector('h1').textContent = main;
+  cover.querySelector('.subtitle').textContent = rest.join('：');
+  cover.querySelector('.author').textContent = author;
   let toc = document.getElementById('pdf-toc');
   if (!toc) {
     toc = document.createElement('nav');

@@ -14,6 +14,7 @@
 // - boxes (code cells, outputs, code blocks, answers, tables) no taller than keepMaxPx are
 //   kept on one page (class pdf-keep); a taller box may break across pages, and because no
 //   box inside it avoids breaking, its content follows it instead of leaving it empty;
+// - punctuation right after a formula or inline code is kept on the same line;
 // - a figure taller than imgMaxPx is scaled down, keeping its shape, so it fits on one page;
 // - the last box of each chapter loses its bottom margin and shadow, which would otherwise
 //   print a page of their own before the next chapter.
@@ -72,6 +73,27 @@
     }
   }
 
+  // A formula or an inline code name followed by 「，」「。」「、」...: the punctuation stays on
+  // the formula's line (a formula is an atomic box and inline code may break anywhere, so a
+  // line could start with the comma). Both go into one span that does not wrap, unless the
+  // formula alone nearly fills a line.
+  const punct = /^[，。、；：？！）」』】]+/;
+  let glued = 0;
+  for (const el of article.querySelectorAll('span.math, code.literal, a.reference')) {
+    const next = el.nextSibling;
+    if (el.closest('pre, .pdf-nowrap') || !next || next.nodeType !== Node.TEXT_NODE) continue;
+    const m = next.textContent.match(punct);
+    if (!m) continue;
+    const block = el.parentElement.closest('p, li, td, th, dt, dd, div, figcaption') || article;
+    if (el.getBoundingClientRect().width > block.clientWidth - 40) continue;  // it and the mark fit a line
+    next.splitText(m[0].length);  // next keeps just the punctuation
+    const glue = document.createElement('span');
+    glue.className = 'pdf-nowrap';
+    el.replaceWith(glue);
+    glue.append(el, next);
+    glued++;
+  }
+
   const pres = Array.from(article.querySelectorAll('pre'));
   let shrunk = 0;
   pres.forEach(pre => { if (fit(pre)) shrunk++; splitLines(pre); });
@@ -122,5 +144,7 @@
     b.classList.toggle('pdf-keep', keep);
     if (keep) kept++;
   });
-  return {setupCells, trimmed, details: details.length, pre: pres.length, shrunk, wrapped, tableRowsWrapped, scaled, boxes: boxes.length, kept};
+  // Anything wider than the column makes Chromium shrink every page to fit it.
+  const overflowPx = Math.max(0, document.documentElement.scrollWidth - window.innerWidth);
+  return {overflowPx, setupCells, trimmed, glued, details: details.length, pre: pres.length, shrunk, wrapped, tableRowsWrapped, scaled, boxes: boxes.length, kept};
 }

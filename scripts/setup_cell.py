@@ -1,4 +1,4 @@
-# 环境准备：本地已装好 attn_lib 时这一格只把图设成两倍像素，不装任何东西、不打印；在 Colab、魔搭 ModelScope 等新环境里安装 attn_lib（中文字体随库附带），并打印一行「正在安装……完成」。
+# 环境准备：本地已装好 attn_lib 时这一格只把图设成两倍像素，不装任何东西、不打印；在 Colab、魔搭 ModelScope 等新环境里安装 attn_lib（中文字体随库附带），先打印「正在安装……」，装好后在同一行接上「完成」。
 import importlib.metadata, importlib.util, os, pathlib, re, subprocess, sys
 TORCH_MIN = "2.5"  # 本书需要的最低 torch 版本（与 pyproject.toml 一致）
 if importlib.util.find_spec("attn_lib") is None:

@@ -55,7 +55,7 @@ def draw_split_kv(num_splits: int = 3):
         _arrow(ax, (1.45, 4.9), (1.95, 4.9))
         ax.text(x0 + width / 2, 5.75, f"KV 缓存：S 个键和值，切成 {P} 段（每段一个程序实例，同时算）",
                 ha="center", va="bottom", fontsize=10)
-        ax.text(0.75, 3.0, "每段各做一遍\nSoftmax：\n段内归一化\n的输出 o 和\n它的 lse", ha="center",
+        ax.text(0.75, 3.0, "每段各做一遍\nSoftmax：\n段内归一化\n的输出 $o$ 和\n它的 $\\mathrm{lse}$", ha="center",
                 va="center", fontsize=9)
         _box(ax, (3.2, 0.55, 6.4, 0.95), r"合并：$m = \max\ \mathrm{lse}_p$，$w_p = \exp(\mathrm{lse}_p - m)$" "\n"
              r"$\mathrm{out} = \Sigma\, w_p \cdot o_p \div \Sigma\, w_p$，$\mathrm{lse} = m + \log \Sigma\, w_p$",

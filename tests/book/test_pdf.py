@@ -346,6 +346,11 @@ def _report() -> dict:
     return json.loads(REPORT.read_text(encoding="utf-8"))
 
 
+def test_nothing_is_wider_than_the_column():
+    """One element wider than the A4 column and Chromium shrinks every page to fit it (236 pages became 149)."""
+    assert _report()["print"]["overflowPx"] == 0
+
+
 def test_no_printed_table_row_wraps():
     changed = _report()["print"]
     assert changed["pre"] > 300 and changed["details"] >= 45, changed
@@ -365,3 +370,41 @@ def test_no_page_is_blank():
     blank = [i + 1 for i, page in enumerate(_pages())
              if not [ln for ln in page.splitlines() if ln.strip() and not re.fullmatch(r"\s*\d+ / \d+\s*", ln)]]
     assert not blank, f"pages with nothing but the page number: {blank}"
+
+
+_COLUMNS = re.compile(r"\S {2,}\S")
+
+
+def _han_digits(text: str) -> str:
+    return re.sub(r"[^\u4e00-\u9fff0-9]", "", text)
+
+
+def _short_printed_tables() -> list[tuple[str, str, str]]:
+    """(chapter, first line, last line) of each printed output of 3 to 20 lines that is a table."""
+    found = []
+    for name in _toc_files():
+        path = (ROOT / name).with_suffix(".ipynb")
+        if not path.is_file():
+            continue
+        for cell in nbformat.read(path, as_version=4).cells:
+            text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+            lines = [ln for ln in text.splitlines() if ln.strip()]
+            if 3 <= len(lines) <= 20 and sum(bool(_COLUMNS.search(ln)) for ln in lines) >= 3:
+                found.append((path.stem, lines[0], lines[-1]))
+    return found
+
+
+def test_short_printed_tables_stay_on_one_page():
+    """A printed table no taller than the keep limit is not split: its first and last line share a page."""
+    pages = [_han_digits(p) for p in _pages()]
+    checked, split = 0, []
+    for chapter, first, last in _short_printed_tables():
+        a, b = _han_digits(first), _han_digits(last)
+        on_a = [i + 1 for i, p in enumerate(pages) if len(a) >= 6 and a in p]
+        on_b = [i + 1 for i, p in enumerate(pages) if len(b) >= 6 and b in p]
+        if len(on_a) == 1 and len(on_b) == 1:  # both found, each on one page only
+            checked += 1
+            if on_a != on_b:
+                split.append(f"{chapter}: {first.strip()[:40]!r} on p. {on_a[0]}, {last.strip()[:40]!r} on p. {on_b[0]}")
+    assert checked >= 10, f"only {checked} short printed tables could be located in the PDF"
+    assert not split, "printed tables split across pages:\n" + "\n".join(split)
