@@ -14,7 +14,8 @@
 // - boxes (code cells, outputs, code blocks, answers, tables) no taller than keepMaxPx are
 //   kept on one page (class pdf-keep); a taller box may break across pages, and because no
 //   box inside it avoids breaking, its content follows it instead of leaving it empty;
-// - punctuation right after a formula or inline code is kept on the same line;
+// - an inline formula is not broken across lines unless it is wide; punctuation right after a
+//   formula or inline code is kept on the same line;
 // - a figure taller than imgMaxPx is scaled down, keeping its shape, so it fits on one page;
 // - the last box of each chapter loses its bottom margin and shadow, which would otherwise
 //   print a page of their own before the next chapter.
@@ -73,6 +74,18 @@
     }
   }
 
+  // An inline formula stays on one line (the site's style sheet lets it wrap between any two
+  // symbols, for phones), unless it is wider than 60 % of its paragraph: all are set unbroken
+  // at once, measured in one layout, and the wide ones released.
+  const formulas = Array.from(article.querySelectorAll('span.math')).filter(m => !m.closest('pre'));
+  formulas.forEach(m => m.classList.add('pdf-nowrap'));
+  const wide = formulas.filter(m => {
+    const block = m.parentElement.closest('p, li, td, th, dt, dd, div, figcaption') || article;
+    return m.getBoundingClientRect().width > 0.6 * block.clientWidth;
+  });
+  wide.forEach(m => m.classList.remove('pdf-nowrap'));
+  const unbroken = formulas.length - wide.length;
+
   // A formula or an inline code name followed by 「，」「。」「、」...: the punctuation stays on
   // the formula's line (a formula is an atomic box and inline code may break anywhere, so a
   // line could start with the comma). Both go into one span that does not wrap, unless the
@@ -81,7 +94,7 @@
   let glued = 0;
   for (const el of article.querySelectorAll('span.math, code.literal, a.reference')) {
     const next = el.nextSibling;
-    if (el.closest('pre, .pdf-nowrap') || !next || next.nodeType !== Node.TEXT_NODE) continue;
+    if (el.closest('pre') || el.parentElement.closest('.pdf-nowrap') || !next || next.nodeType !== Node.TEXT_NODE) continue;
     const m = next.textContent.match(punct);
     if (!m) continue;
     const block = el.parentElement.closest('p, li, td, th, dt, dd, div, figcaption') || article;
@@ -146,5 +159,5 @@
   });
   // Anything wider than the column makes Chromium shrink every page to fit it.
   const overflowPx = Math.max(0, document.documentElement.scrollWidth - window.innerWidth);
-  return {overflowPx, setupCells, trimmed, glued, details: details.length, pre: pres.length, shrunk, wrapped, tableRowsWrapped, scaled, boxes: boxes.length, kept};
+  return {overflowPx, setupCells, trimmed, unbroken, glued, details: details.length, pre: pres.length, shrunk, wrapped, tableRowsWrapped, scaled, boxes: boxes.length, kept};
 }

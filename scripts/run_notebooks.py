@@ -4,7 +4,10 @@ Usage: python scripts/run_notebooks.py chapters/01_dictionary.ipynb [...]
 
 Runs each notebook with the current environment's python3 kernel, from the notebook's own
 folder, then checks what nbval and the before-stop hook check: no stderr output, execution
-counts 1..n in order. Commit the notebooks afterwards: nbval compares against these outputs.
+counts 1..n in order. Consecutive prints of one stream are stored as one output (how the kernel
+flushed them varies from run to run; nbval compares them joined, and the site shows them as one
+box), so that re-running a notebook does not change its file where its text did not change.
+Commit the notebooks afterwards: nbval compares against these outputs.
 """
 from __future__ import annotations
 
@@ -16,6 +19,19 @@ import nbformat
 from nbclient import NotebookClient
 
 KERNEL_METADATA = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+
+
+def merge_streams(outputs: list) -> list:
+    """把相邻、同名（stdout 或 stderr）的文字输出合成一个。"""
+    merged: list = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (prev is not None and out.get("output_type") == "stream" and prev.get("output_type") == "stream"
+                and out.get("name") == prev.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
 
 
 def run(path: Path, timeout: int = 600) -> float:
@@ -38,6 +54,7 @@ def run(path: Path, timeout: int = 600) -> float:
         if cell.execution_count != expected:
             problems.append(f"cell {i}: execution_count {cell.execution_count}, expected {expected}")
         expected += 1
+        cell.outputs = merge_streams(cell.get("outputs", []))
         for out in cell.get("outputs", []):
             if out.get("name") == "stderr":
                 problems.append(f"cell {i}: stderr output: {out.get('text', '')[:200]!r}")

@@ -39,7 +39,7 @@ def draw_split_kv(num_splits: int = 3):
         ax.set_axis_off()
         ax.set_xlim(0, 11)
         ax.set_ylim(-0.2, 6.4)
-        _box(ax, (0.1, 4.45, 1.3, 0.9), "查询 q\n（1 行）", color="#F2F2F2", fontsize=10)
+        _box(ax, (0.1, 4.45, 1.3, 0.9), "查询 $q$\n（1 行）", color="#F2F2F2", fontsize=10)
         x0, width = 2.0, 8.8
         seg = width / P
         for p in range(P):  # the cache, cut into P contiguous chunks of keys
@@ -53,7 +53,7 @@ def draw_split_kv(num_splits: int = 3):
                  fontsize=10, text_color="white")
             _arrow(ax, (cx, 2.3), (6.4, 1.55), color="grey")
         _arrow(ax, (1.45, 4.9), (1.95, 4.9))
-        ax.text(x0 + width / 2, 5.75, f"KV 缓存：S 个键和值，切成 {P} 段（每段一个程序实例，同时算）",
+        ax.text(x0 + width / 2, 5.75, f"KV 缓存：$S$ 个键和值，切成 {P} 段（每段一个程序实例，同时算）",
                 ha="center", va="bottom", fontsize=10)
         ax.text(0.75, 3.0, "每段各做一遍\nSoftmax：\n段内归一化\n的输出 $o$ 和\n它的 $\\mathrm{lse}$", ha="center",
                 va="center", fontsize=9)

@@ -2,7 +2,7 @@
 
 nbval (the main `pytest` run) re-executes the notebooks and compares outputs; these checks
 catch what nbval does not: stderr or error outputs, cells run out of order or not at all
-(counts must be exactly 1..n in cell order), the kernel, and printed floats with so many
+(counts must be exactly 1..n in cell order), a stream split into several outputs, the kernel, and printed floats with so many
 digits that they may differ between machines, thread counts, or CPU and GPU. (The set-up
 cell is checked in test_setup_cell.py.)
 """
@@ -69,6 +69,16 @@ def test_no_stderr_and_no_errors(path):
             elif out.get("name") == "stderr":
                 problems.append(f"cell {i}: stderr output {_output_text(out)[:200]!r}")
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+@params
+def test_consecutive_prints_are_one_output(path):
+    """scripts/run_notebooks.py joins a stream's consecutive outputs: how the kernel flushed them
+    varies between runs, so split outputs would change the file on every re-run."""
+    _, cells = _code_cells(path)
+    split = [f"cell {i}" for i, cell in cells for a, b in zip(cell.get("outputs", []), cell.get("outputs", [])[1:])
+             if a.get("output_type") == b.get("output_type") == "stream" and a.get("name") == b.get("name")]
+    assert not split, f"{path.name}: consecutive {split} (re-run it with scripts/run_notebooks.py)"
 
 
 @params
