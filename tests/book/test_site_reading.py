@@ -13,7 +13,7 @@ their own shape, search for the book's terms, the phone drawer, the sidebar on l
   ``\\text{BLOCK\\_M}`` once showed 「BLOCK\\_M」), read from MathJax's own MathML copy.
 - The download menu: the whole-book PDF answers, and the theme's print item says it prints one page.
 
-Each page is opened once per width (``_shapes``); a missing site or browser fails (the fixtures are
+Each page is opened once per width (``_visit``); a missing site or browser fails (the fixtures are
 in tests/book/conftest.py).
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from site_server import (
     offline_context,
     open_page,
     site_missing_message,
+    watch_page,
 )
 
 MISSING = site_missing_message()
@@ -63,24 +64,38 @@ def contexts(browser, base_url):
         ctx.close()
 
 
-# --- Figures in their own shape ---------------------------------------------------------------
+# --- One visit per page and size ----------------------------------------------------------------
 
+# A formula's rendered text: the token elements of MathJax's MathML copy (what a screen reader reads).
+_MATH_TEXT_JS = """() => Array.from(document.querySelectorAll('article mjx-container')).map(m => {
+  const mml = m.querySelector('mjx-assistive-mml');
+  return {tex: (m.closest('.math') || m.parentElement).textContent.slice(0, 60),
+          shown: Array.from(mml ? mml.querySelectorAll('mi, mo, mn, mtext, ms') : []).map(t => t.textContent).join(' ')};
+})"""
 _SHAPES_JS = """() => Array.from(document.querySelectorAll('article img')).map(i => {
   const r = i.getBoundingClientRect();
   return {src: i.getAttribute('src'), width: r.width, height: r.height, nw: i.naturalWidth, nh: i.naturalHeight};
 })"""
-_shape_cache: dict[tuple[str, str], list[dict]] = {}
+_visits: dict[tuple[str, str], dict] = {}
+
+
+def _visit(contexts, base_url: str, rel: str, size: str) -> dict:
+    """Open a page once per size: its figures' shapes and (on the laptop) its formulas' text."""
+    if (rel, size) not in _visits:
+        page, _ = open_page(contexts[size], base_url, rel)
+        try:
+            _visits[rel, size] = {"shapes": page.evaluate(_SHAPES_JS),
+                                  "formulas": page.evaluate(_MATH_TEXT_JS) if size == "laptop" else None}
+        finally:
+            page.close()
+    return _visits[rel, size]
 
 
 def _shapes(contexts, base_url: str, rel: str, size: str) -> list[dict]:
-    if (rel, size) not in _shape_cache:
-        page, _ = open_page(contexts[size], base_url, rel)
-        try:
-            _shape_cache[rel, size] = page.evaluate(_SHAPES_JS)
-        finally:
-            page.close()
-    return _shape_cache[rel, size]
+    return _visit(contexts, base_url, rel, size)["shapes"]
 
+
+# --- Figures in their own shape ---------------------------------------------------------------
 
 @pytest.mark.parametrize("size", ["phone", "laptop"])
 @pytest.mark.parametrize("rel", PAGES)
@@ -106,7 +121,9 @@ def test_the_shape_checks_see_figures(contexts, base_url):
 # --- Search -------------------------------------------------------------------------------------
 
 def _search(ctx, base_url: str, query: str) -> set[str]:
-    page, problems = open_page(ctx, base_url, "search.html")
+    page = ctx.new_page()
+    problems: list[str] = []
+    watch_page(page, problems)
     try:
         page.goto(base_url + "search.html?q=" + urllib.parse.quote(query), wait_until="load")
         page.wait_for_function(
@@ -209,30 +226,16 @@ def test_landing_on_the_last_chapter_shows_the_title_and_search(contexts, base_u
 
 # --- Formulas: no TeX escape printed ---------------------------------------------------------------
 
-_MATH_TEXT_JS = """() => Array.from(document.querySelectorAll('article mjx-container')).map(m => {
-  const mml = m.querySelector('mjx-assistive-mml');
-  return {tex: (m.closest('.math') || m.parentElement).textContent.slice(0, 60),
-          shown: Array.from(mml ? mml.querySelectorAll('mi, mo, mn, mtext, ms') : []).map(t => t.textContent).join(' ')};
-})"""
-
-
 @pytest.mark.parametrize("rel", CONTENT_PAGES or ["(site not built)"])
 def test_no_formula_prints_a_backslash(contexts, base_url, rel):
-    page, problems = open_page(contexts["laptop"], base_url, rel)
-    try:
-        formulas = page.evaluate(_MATH_TEXT_JS)
-    finally:
-        page.close()
+    formulas = _visit(contexts, base_url, rel, "laptop")["formulas"]
     literal = [f"{f['shown']!r} (from {f['tex']!r})" for f in formulas if "\\" in f["shown"]]
     assert not literal, f"{rel}: formulas that show a backslash:\n" + "\n".join(literal)
 
 
 def test_the_formula_check_reads_formulas(contexts, base_url):
-    page, _ = open_page(contexts["laptop"], base_url, "chapters/08_flash_attention.html")
-    try:
-        shown = " ".join(f["shown"].replace(" ", "") for f in page.evaluate(_MATH_TEXT_JS))
-    finally:
-        page.close()
+    formulas = _visit(contexts, base_url, "chapters/08_flash_attention.html", "laptop")["formulas"]
+    shown = " ".join(f["shown"].replace(" ", "") for f in formulas)
     assert "BLOCK_M" in shown and "softmax" in shown.lower(), shown[:300]
 
 
