@@ -306,8 +306,8 @@ _PY_PROTECT_F = re.compile(r"(`+)[^`]*?\1|\{\{|\}\}|\{[^{}]*\}|\\.")
 _PY_PROTECT = re.compile(r"(`+)[^`]*?\1|\\.|%[-+ #0]*\d*(?:\.\d+)?[sdfrigex%]")
 
 
-def python_string_literals(source: str):
-    """Yield (start, end, prefix, quote) offsets of each string literal in Python source."""
+def _python_tokens(source: str, kind: int):
+    """Yield (start, end, text) offsets of each token of type ``kind`` in Python source (none if it does not tokenize)."""
     line_offsets = [0]
     for line in source.splitlines(keepends=True):
         line_offsets.append(line_offsets[-1] + len(line))
@@ -316,30 +316,24 @@ def python_string_literals(source: str):
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return
     for tok in tokens:
-        if tok.type != tokenize.STRING:
-            continue
-        start = line_offsets[tok.start[0] - 1] + tok.start[1]
-        end = line_offsets[tok.end[0] - 1] + tok.end[1]
-        m = _STR_PREFIX.match(tok.string)
-        if not m:
-            continue
-        yield start, end, m.group(1), m.group(2)
+        if tok.type == kind:
+            yield (line_offsets[tok.start[0] - 1] + tok.start[1], line_offsets[tok.end[0] - 1] + tok.end[1],
+                   tok.string)
+
+
+def python_string_literals(source: str):
+    """Yield (start, end, prefix, quote) offsets of each string literal in Python source."""
+    for start, end, text in _python_tokens(source, tokenize.STRING):
+        m = _STR_PREFIX.match(text)
+        if m:
+            yield start, end, m.group(1), m.group(2)
 
 
 def python_comments(source: str):
     """Yield (start, end) offsets of the text of each comment (after its ``#`` and spaces) in Python source."""
-    line_offsets = [0]
-    for line in source.splitlines(keepends=True):
-        line_offsets.append(line_offsets[-1] + len(line))
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return
-    for tok in tokens:
-        if tok.type == tokenize.COMMENT:
-            start = line_offsets[tok.start[0] - 1] + tok.start[1]
-            lead = len(tok.string) - len(tok.string.lstrip("#").lstrip())
-            yield start + lead, start + len(tok.string)
+    for start, end, text in _python_tokens(source, tokenize.COMMENT):
+        lead = len(text) - len(text.lstrip("#").lstrip())
+        yield start + lead, end
 
 
 _PY_PROTECT_COMMENT = re.compile(r"(`+)[^`]*?\1")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 import pdf_reader as pdf
+from book_helpers import SETUP_CELL
 
 EMPTY_BOX_PT = 100  # an empty stretch of code box this tall ends a page: its code went to the next
 SCAN_DPI = 30
@@ -46,7 +47,7 @@ def test_every_answer_is_printed_open():
 
 def _hidden_cells() -> tuple[list[str], str]:
     """The first line of every code cell tagged hide-input or hide-output, and the set-up cell's first line."""
-    setup = (pdf.ROOT / "scripts" / "setup_cell.py").read_text(encoding="utf-8").lstrip().split("\n", 1)[0]
+    setup = SETUP_CELL.lstrip().split("\n", 1)[0]
     lines = []
     for _, cell in pdf.chapter_cells():
         tags = set(cell.get("metadata", {}).get("tags", []))
