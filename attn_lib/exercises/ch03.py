@@ -76,5 +76,6 @@ register_code(CodeExercise(
                 "每行没有除以这一行指数的和：比例要加起来等于 1。"),
     ),
     wrong_solutions=((_naive_softmax, "nan"), (_softmax_first_axis, "axis")),
+    forbidden=("torch.softmax", "attn_lib.softmax"),
     extra={"nan_hint": "先把每行减去这一行的最大值，再取指数（float64 里 e 的 1000 次方已经是 inf）。"},
 ))

@@ -83,5 +83,6 @@ register_code(CodeExercise(
                 "Softmax 做在了查询的轴上：应沿键的轴（最后一个轴），让每个查询的比例加起来等于 1。"),
     ),
     wrong_solutions=((_unscaled, "scale"), (_softmax_over_queries, "axis")),
+    forbidden=("F.scaled_dot_product_attention", "attn_lib.attention"),
     extra={"nan_hint": "Softmax 要先减去每行的最大值（可以直接用 torch.softmax）。"},
 ))

@@ -57,4 +57,5 @@ register_code(CodeExercise(
                 "True 和 False 反了：本书的掩码里 True = 可以看（nn.MultiheadAttention 的 attn_mask 正相反）。"),
     ),
     wrong_solutions=((_upper, "direction"), (_strict_past, "diagonal"), (lambda L: _tril(L).float(), "dtype")),
+    forbidden=("attn_lib.causal_mask",),
 ))

@@ -104,6 +104,7 @@ register_code(CodeExercise(
     ),
     wrong_solutions=((_split_no_transpose, "no_transpose"), (_split_interleaved, "interleaved"),
                      (lambda x, num_heads: x.view(x.shape[0], x.shape[1], num_heads, -1), "shape")),
+    forbidden=("attn_lib.split_heads",),
 ))
 
 _MERGE_PROBES = (
@@ -124,4 +125,5 @@ register_code(CodeExercise(
     ),
     wrong_solutions=((_merge_no_transpose, "no_transpose"), (_merge_interleaved, "interleaved"),
                      (lambda x: x.transpose(1, 2), "shape")),
+    forbidden=("attn_lib.merge_heads",),
 ))

@@ -89,4 +89,5 @@ register_code(CodeExercise(
     ),
     wrong_solutions=((lambda x, p: _rotate(x, p, sign=-1.0), "direction"), (_rotate_half, "pairing"),
                      (lambda x, p: _rotate(x, p, pair_exponent=1.0), "frequency")),
+    forbidden=("attn_lib.apply_rotary",),
 ))

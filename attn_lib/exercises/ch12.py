@@ -42,15 +42,15 @@ import torch  # noqa: E402  (code exercises: the answer key is torch itself)
 from .code import CodeExercise, Mistake, Probe, register_code  # noqa: E402
 
 
-def _gqa(q, k, v, *, tile=False, scale=True):
+def _gqa(q, k, v, *, tile=False, scale="D"):
     group = q.shape[1] // k.shape[1]
     if tile:  # head h gets kv head h % H_kv: the wrong order
         kr, vr = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)  # (B,H,S,D), (B,H,S,Dv)
     else:
         kr, vr = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B,H,S,D), (B,H,S,Dv)
     dots = q @ kr.transpose(-2, -1)  # (B,H,L,D) @ (B,H,D,S) -> (B,H,L,S)
-    if scale:
-        dots = dots / math.sqrt(q.shape[-1])
+    if scale:  # "D": the head dim of q and k (right); "Dv": the value's length (a mistake)
+        dots = dots / math.sqrt(q.shape[-1] if scale == "D" else v.shape[-1])
     return torch.softmax(dots, dim=-1) @ vr  # (B,H,L,S) @ (B,H,S,Dv) -> (B,H,L,Dv)
 
 
@@ -79,9 +79,13 @@ register_code(CodeExercise(
         Mistake("tile", lambda q, k, v: _gqa(q, k, v, tile=True),
                 "查询头和键值头配错了：第 h 个查询头用第 h // (H // H_kv) 个键值头，相邻的查询头一组"
                 "（repeat_interleave）；k.repeat(...) 把键值头整体重复，第 h 个头拿到的是第 h % H_kv 个。"),
-        Mistake("no_scale", lambda q, k, v: _gqa(q, k, v, scale=False), "点积没有除以 √D（D 是头的维度）。"),
+        Mistake("no_scale", lambda q, k, v: _gqa(q, k, v, scale=""), "点积没有除以 √D（D 是头的维度）。"),
+        Mistake("scale_dv", lambda q, k, v: _gqa(q, k, v, scale="Dv"),
+                "缩放因子不对：除的是 √D，D 是查询、键的长度，不是值的长度 Dv。"),
         Mistake("first_kv_only", _first_kv_only, "所有查询头都用了第 0 个键值头：每一组查询头有自己的键值头。"),
     ),
     wrong_solutions=((lambda q, k, v: _gqa(q, k, v, tile=True), "tile"),
-                     (lambda q, k, v: _gqa(q, k, v, scale=False), "no_scale")),
+                     (lambda q, k, v: _gqa(q, k, v, scale=""), "no_scale"),
+                     (lambda q, k, v: _gqa(q, k, v, scale="Dv"), "scale_dv")),
+    forbidden=("attn_lib.attention", "F.scaled_dot_product_attention"),
 ))

@@ -8,6 +8,8 @@ The convention (one per code exercise, see DEVELOPERS.md):
    function on random inputs against torch and prints ONE Chinese line: not written yet
    (NotImplementedError, so nbval's output is stable), passed, or what is off (shape, axis,
    missing scale, mask direction, nan on a large input...);
+   If the task forbids calls (「不要调用 `torch.softmax`」), ``forbidden`` lists them as the task
+   writes them and the checker refuses a function that makes them (forbidden.py watches the calls);
 4. a folded ``:::{dropdown} 参考答案`` whose first ```` ```python ```` block is the reference
    solution, self-contained (it imports what it uses).
 
@@ -24,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from .forbidden import forbidden_calls
 
 Inputs = tuple  # the positional arguments of one call of the reader's function
 
@@ -55,6 +59,7 @@ class CodeExercise:
     probes: tuple[Probe, ...]
     mistakes: tuple[Mistake, ...] = ()
     wrong_solutions: tuple[tuple[Callable[..., Any], str], ...] = ()  # (function, expected code)
+    forbidden: tuple[str, ...] = ()  # the calls the task forbids, as it writes them (see forbidden.py)
     atol: float = 1e-6
     seed: int = 0
     extra: dict = field(default_factory=dict, compare=False)
@@ -70,6 +75,7 @@ MESSAGES = {
     "shape": "{label}：形状不对，应为 {want}，得到 {found}。",
     "nan": "{label}：输出里有 nan 或 inf。",
     "values": "{label}：数值与 PyTorch 不一致（最大差 {diff:.1e}）。",
+    "forbidden": "函数里调用了 {calls}：这道题要你自己写出来，不调用现成的函数（检查器记下了函数运行时调用过的函数）。",
     "ok": "通过！{n} 组输入上都与 PyTorch 一致。",
 }
 
@@ -125,11 +131,14 @@ def diagnose(ex_id: str, fn: Callable[..., Any]) -> tuple[str, str]:
     for probe in ex.probes:
         args = probe.make(gen)
         try:
-            got = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+            got, seen = forbidden_calls(fn, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                                        ex.forbidden)
         except NotImplementedError:
             return "todo", MESSAGES["todo"].format(name=ex.name)
         except Exception as err:  # the reader's bug, reported in one line
             return "error", MESSAGES["error"].format(label=probe.label, err=f"{type(err).__name__}：{err}")
+        if seen:
+            return "forbidden", MESSAGES["forbidden"].format(calls="、".join(seen))
         verdict = _judge(ex, probe.label, args, got)
         if verdict is not None:
             return verdict

@@ -3,13 +3,14 @@ fails every registered wrong solution with its diagnosis, and says "not written 
 reader's stub. The convention is in attn_lib/exercises/code.py."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from attn_lib.exercises.code import all_code_exercises, check_code, diagnose
+from attn_lib.exercises.code import CODE_REGISTRY, all_code_exercises, check_code, diagnose
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
@@ -102,9 +103,11 @@ def test_wrong_solution_fails_with_its_diagnosis(ex_id, k, capsys):
 
 
 @pytest.mark.parametrize("ex_id", sorted(REGISTERED))
-def test_every_known_mistake_is_diagnosed(ex_id):
-    """Each registered mistake, used as the reader's function, gets its own diagnosis (not 'values')."""
-    ex = REGISTERED[ex_id]
+def test_every_known_mistake_is_diagnosed(ex_id, monkeypatch):
+    """Each registered mistake, used as the reader's function, gets its own diagnosis (not 'values').
+    A mistake is written with torch (it is part of the answer key), so the forbidden calls are lifted."""
+    ex = dataclasses.replace(REGISTERED[ex_id], forbidden=())
+    monkeypatch.setitem(CODE_REGISTRY, ex_id, ex)
     for mistake in ex.mistakes:
         code, message = diagnose(ex_id, mistake.compute)
         assert code == mistake.code, f"{ex_id}: {mistake.message!r} diagnosed as {code!r}: {message}"
@@ -122,3 +125,67 @@ def test_checker_reports_errors_and_wrong_shapes_in_one_line(capsys):
     assert diagnose(ex_id, lambda *a: torch.zeros(1, 2, 3))[0] == "shape"
     check_code(ex_id, broken)
     assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+# A cheat per forbidden call (and per way of reaching it: a method, a wrapper, an alias): each must be
+# refused with the diagnosis 'forbidden', naming the call, although its values are right.
+def _cheats() -> dict[str, list[tuple[str, object]]]:
+    import torch
+    import torch.nn.functional as F
+
+    import attn_lib
+    from attn_lib import apply_rotary as rotate, causal_mask as tril_mask, softmax as book_softmax
+
+    return {
+        "03-4": [("torch.softmax", lambda x: torch.softmax(x, -1)),
+                 ("torch.softmax", lambda x: x.softmax(dim=-1)),
+                 ("torch.softmax", lambda x: F.softmax(x, dim=-1)),
+                 ("torch.softmax", lambda x: torch.special.softmax(x, -1)),
+                 ("attn_lib.softmax", lambda x: book_softmax(x))],
+        "05-3": [("F.scaled_dot_product_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
+                 ("attn_lib.attention", lambda q, k, v: attn_lib.attention(q, k, v)[0])],
+        "06-3": [("attn_lib.causal_mask", lambda L: tril_mask(L))],
+        "07-4": [("attn_lib.split_heads", lambda x, num_heads: attn_lib.split_heads(x, num_heads))],
+        "07-5": [("attn_lib.merge_heads", lambda x: attn_lib.merge_heads(x))],
+        "10-4": [("attn_lib.apply_rotary", lambda x, positions: rotate(x, positions))],
+        "12-4": [("attn_lib.attention", lambda q, k, v: attn_lib.attention(q, k, v, enable_gqa=True)[0]),
+                 ("F.scaled_dot_product_attention",
+                  lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))],
+    }
+
+
+CHEATS = _cheats()
+CHEAT_CASES = [(ex_id, k) for ex_id, cheats in sorted(CHEATS.items()) for k in range(len(cheats))]
+
+
+def test_every_forbidden_call_has_a_cheat_in_the_tests():
+    forbidden = {(ex_id, name) for ex_id, ex in REGISTERED.items() for name in ex.forbidden}
+    cheated = {(ex_id, name) for ex_id, cheats in CHEATS.items() for name, _ in cheats}
+    assert forbidden, "no code exercise forbids a call: the cheat tests would check nothing"
+    assert forbidden == cheated, f"forbidden without a cheat: {forbidden - cheated}; cheat for nothing: {cheated - forbidden}"
+
+
+@pytest.mark.parametrize("ex_id, k", CHEAT_CASES)
+def test_a_forbidden_call_is_refused(ex_id, k, capsys):
+    name, fn = CHEATS[ex_id][k]
+    code, message = diagnose(ex_id, fn)
+    assert (code, name in message) == ("forbidden", True), f"{ex_id} cheat {k} ({name}): {code!r} {message}"
+    check_code(ex_id, fn)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and "通过" not in out[0] and name in out[0], out
+
+
+FORBID_SENTENCE = re.compile(r"不要调用([^：。]*)")
+
+
+@pytest.mark.parametrize("ex_id", sorted(FOUND))
+def test_the_task_forbids_what_the_checker_refuses(ex_id):
+    """The calls a task's 「不要调用 …」 names are exactly the ones its checker refuses, and it says so."""
+    ex = FOUND[ex_id]
+    nb = nbformat.read(ex["path"], as_version=4)
+    task = next(c.source for c in nb.cells if c.cell_type == "markdown" and f"**练习 {ex_id}**" in c.source)
+    named = [n for m in FORBID_SENTENCE.finditer(task) for n in re.findall(r"`([\w.]+)`", m.group(1))]
+    assert sorted(set(named)) == sorted(REGISTERED[ex_id].forbidden), \
+        f"{ex_id}: the task forbids {named}, the checker refuses {REGISTERED[ex_id].forbidden}"
+    if named:
+        assert "检查器会拒绝" in task, f"{ex_id}: say that the checker refuses the forbidden calls (检查器会拒绝…)"
