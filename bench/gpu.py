@@ -690,7 +690,7 @@ PEAK_BANDWIDTH = (
 
 
 def decode_impls(splits=DECODE_SPLITS) -> list:
-    """解码一步要计时的实现：两个不切分的基线，然后每个切分数一行（split_1、split_2 …… split_auto）。"""
+    """解码一步要计时的实现：两个不切分的基线，然后每个段数一行（split_1、split_2 …… split_auto）。"""
     return list(DECODE_BASE_IMPLS) + [f"split_{p}" for p in splits]
 
 
@@ -726,7 +726,7 @@ def peak_bandwidth(name: str, bus_width_bits: int | None = None, memory_clock_kh
 
 
 def auto_splits(batch_heads: int, S: int, device="cuda") -> int:
-    """attn_lib 自己选的切分数：flash_decoding(num_splits=None) 在这台设备上的选择。
+    """attn_lib 自己选的段数：flash_decoding(num_splits=None) 在这台设备上的选择。
 
     That is ``attn_lib.flash.splits.choose_num_splits(batch_heads, S, workers=device_workers(device))``
     (workers: the SMs of a GPU, the threads of a CPU).

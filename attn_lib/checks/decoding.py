@@ -1,4 +1,4 @@
-"""第 13 章（书中不单独讲）：一步解码（flash_decoding）的门和它多出来的检查——新的键值、缓存长度 cache_seqlens、切分数 num_splits、查询数、合并的输入。
+"""第 13 章（书中不单独讲）：一步解码（flash_decoding）的门和它多出来的检查——新的键值、缓存长度 cache_seqlens、段数 num_splits、查询数、合并的输入。
 
 Worded as every other check ("<argument> must be <expected>, got <found>; <remedy>"; TypeError
 for a wrong type, ValueError for a wrong value):

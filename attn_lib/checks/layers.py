@@ -25,7 +25,7 @@ _NO_SCORES = ("sdpa", "torch", "triton")  # backends that never store the (L, S)
 
 
 def check_need_weights(need_weights, backend: str) -> None:
-    """need_weights 必须是 True / False；不存分数的后端要分数就报错并说明怎么办。"""
+    """need_weights 必须是 True / False；不存注意力分数的后端被要求返回它们时报错，并说明怎么办。"""
     check_bool("need_weights", need_weights)
     if need_weights and backend in _NO_SCORES:
         raise ValueError(

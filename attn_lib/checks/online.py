@@ -1,4 +1,4 @@
-"""第 8 章（书中不单独讲）：在线 Softmax 各函数的门——一行分数、切法、值、一步更新的参数，与其他入口同一套措辞。"""
+"""第 8 章（书中不单独讲）：在线 Softmax 各函数的门——一行评分、切法、值、一步更新的参数，与其他入口同一套措辞。"""
 from __future__ import annotations
 
 import numbers
@@ -21,13 +21,13 @@ def check_splits(n: int, splits) -> list[int]:
 
 
 def check_online_row(x, splits) -> list[int]:
-    """online_max_and_sum / online_softmax / online_logsumexp 的门：x 是一行（或一批行）分数，splits 是切法；返回各段长度。"""
+    """online_max_and_sum / online_softmax / online_logsumexp 的门：x 是一行（或一批行）评分，splits 是切法；返回各段长度。"""
     check_score_row(x)
     return check_splits(x.shape[-1], splits)
 
 
 def check_online_values(x, v, splits) -> list[int]:
-    """online_weighted_sum 的门：x (..., S) 分数，v (..., S, Dv) 有限的值（前面的轴与 x 的能广播），splits 是切法；返回各段长度。"""
+    """online_weighted_sum 的门：x (..., S) 评分，v (..., S, Dv) 有限的值（前面的轴与 x 的能广播），splits 是切法；返回各段长度。"""
     check_score_row(x)
     check_float_tensor("v", v)
     if v.ndim < 2 or v.shape[-2] != x.shape[-1]:

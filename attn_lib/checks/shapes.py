@@ -107,7 +107,7 @@ def check_same_dtype(names: Sequence[str], dtypes: Sequence[Any]) -> None:
 
 
 def check_mask_shape(mask: Any, target: tuple) -> None:
-    """检查掩码形状：必须能广播到分数的形状 (B, H, L, S)，且不能把它变大，否则报 ValueError。
+    """检查掩码形状：必须能广播到评分矩阵的形状 (B, H, L, S)，且不能把它变大，否则报 ValueError。
 
     Args:
         mask: torch tensor or numpy array, e.g. (L, S), (B, 1, 1, S) or (B, H, L, S).

@@ -81,7 +81,7 @@ def _numel(t: Any) -> int:
 
 
 def check_scores_finite(x: Any, name: str = "x") -> None:
-    """分数里允许 -inf（表示被盖住），不允许 nan 和 +inf；违反时报 ValueError（torch 或 numpy）。"""
+    """评分里允许 -inf（表示被盖住），不允许 nan 和 +inf；违反时报 ValueError（torch 或 numpy）。"""
     import numpy as np
 
     if hasattr(x, "is_floating_point"):
@@ -98,7 +98,7 @@ def check_scores_finite(x: Any, name: str = "x") -> None:
 
 
 def check_score_row(x: Any) -> None:
-    """检查一行（或一批行）分数：浮点 torch 张量，至少一维（最后一维是那一行），只许 -inf，不许 nan / +inf。"""
+    """检查一行（或一批行）评分：浮点 torch 张量，至少一维（最后一维是那一行），只许 -inf，不许 nan / +inf。"""
     check_float_tensor("x", x)
     if x.ndim == 0:
         raise ValueError("x must have at least one axis (the row to normalise is the last one)")
@@ -139,7 +139,7 @@ def _check_mask_rank(mask: Any, name: str) -> None:
 
 
 def check_mask(mask: Any, target: tuple, device, *, check_finite: bool, name: str = "mask") -> None:
-    """检查掩码：torch 张量、布尔或浮点、与 q 同设备、能广播到分数形状；浮点掩码不许有 nan / +inf。
+    """检查掩码：torch 张量、布尔或浮点、与 q 同设备、能广播到评分矩阵的形状；浮点掩码不许有 nan / +inf。
 
     Args:
         mask: bool (True = may attend) or additive float tensor.

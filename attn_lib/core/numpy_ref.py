@@ -110,7 +110,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None):
 
 
 def _overflowed(raw, logits, visible):
-    """溢出规则（同 torch 各路径）：行最大值是 nan / +inf 返回 "+inf"；看得见键的行分数全溢出成 -inf 返回 "-inf"；否则 None。"""
+    """溢出规则（同 torch 各路径）：行最大值是 nan / +inf 返回 "+inf"；看得见键的行评分全溢出成 -inf 返回 "-inf"；否则 None。"""
     with np.errstate(invalid="ignore"):
         m = logits.max(axis=-1, keepdims=True)  # (B,H,L,1); nan propagates, -inf: the row sees no key
     if np.isnan(m).any() or np.isposinf(m).any():

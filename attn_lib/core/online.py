@@ -1,4 +1,4 @@
-"""第 8 章（FlashAttention 之一，在线 Softmax）：一段一段地读一行分数，只记「目前最大值」和「目前的指数和」两个数，读完就得到整行的 softmax。
+"""第 8 章（FlashAttention 之一，在线 Softmax）：一段一段地读一行评分，只记「目前最大值」和「目前的指数和」两个数，读完就得到整行的 softmax。
 
 Standard softmax needs the whole row twice: once for its maximum ``m``, once for
 ``l = Σ exp(x - m)``. Online softmax (Milakov & Gimelshein 2018; the heart of FlashAttention)
@@ -55,7 +55,7 @@ def _safe(m: torch.Tensor) -> torch.Tensor:
 
 
 def online_softmax_update(m: torch.Tensor, l: torch.Tensor, piece: torch.Tensor):
-    """在线 softmax 的一步：读入新的一段分数，更新「目前最大值」m 和「目前指数和」l。
+    """在线 softmax 的一步：读入新的一段评分，更新「目前最大值」m 和「目前指数和」l。
 
     Args:
         m: running maximum, shape (...,); start with ``-inf``.
@@ -136,7 +136,7 @@ def online_logsumexp(x: torch.Tensor, splits: int | Sequence[int]) -> torch.Tens
 
 
 def online_weighted_sum(x: torch.Tensor, v: torch.Tensor, splits: int | Sequence[int]) -> torch.Tensor:
-    """一遍读完（分数，值）的各段，直接得到 softmax(x) @ v：注意力输出的在线算法。
+    """一遍读完（评分，值）的各段，直接得到 softmax(x) @ v：注意力输出的在线算法。
 
     Keeps ``m``, ``l`` and ``acc`` (the unnormalised weighted sum of values); each new piece
     rescales ``l`` and ``acc`` by ``exp(m - m_new)``; at the end ``acc / l`` is the output.

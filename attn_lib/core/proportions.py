@@ -22,7 +22,7 @@ WEIGHTINGS = ("softmax", "exp", "sigmoid")
 
 
 def weights_from_scores(scores: torch.Tensor, weighting: str = "softmax") -> torch.Tensor:
-    """把分数变成加权求和用的权重：softmax（归一化）、exp 或 sigmoid（都不归一化）。
+    """把评分变成加权求和用的权重：softmax（归一化）、exp 或 sigmoid（都不归一化）。
 
     Args:
         scores: float tensor (..., S).

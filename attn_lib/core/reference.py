@@ -72,7 +72,7 @@ def attention(q, k, v, *, mask=None, is_causal=False, scale=None, check_finite=T
 
 
 def masked_scores(logits, mask, band: Band):
-    """盖住掩码和带之外的分数：布尔掩码处填 -inf，浮点掩码加上去；返回 (B, H, L, S)。"""
+    """盖住掩码和带之外的评分：布尔掩码处填 -inf，浮点掩码加上去；返回 (B, H, L, S)。"""
     L, S = logits.shape[-2], logits.shape[-1]
     if mask is not None:
         if mask.dtype == torch.bool:
@@ -98,7 +98,7 @@ def _check_overflow(raw, logits, m, mask, band: Band, work) -> None:
 
 
 def attention_core(q, k, v, mask, settings: AttentionSettings):
-    """attention 的无检查内核：输入已检查过，settings 已解析。返回（输出 (B,H,L,Dv)，分数 (B,H,L,S)）。
+    """attention 的无检查内核：输入已检查过，settings 已解析。返回（输出 (B,H,L,Dv)，注意力分数 (B,H,L,S)）。
 
     k, v may have H_kv heads (H_kv divides H): q is viewed as (B, H_kv, G·L, D), so K and V
     are never repeated. ``settings.band`` holds the causal rule, the window and the alignment.

@@ -198,7 +198,7 @@ def largest_tensor(fn, *args, **kwargs):
 
 
 def score_matrix_bytes(B: int, H: int, L: int, S: int, bytes_per_element: int = 4) -> int:
-    """朴素注意力要存下的分数矩阵 (B, H, L, S) 占多少字节（训练时随长度平方增长）。
+    """朴素注意力要存下的评分矩阵 (B, H, L, S) 占多少字节（训练时随长度平方增长）。
 
     Args:
         B, H, L, S: batch, heads, queries, keys (ints >= 0).

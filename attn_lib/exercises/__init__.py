@@ -1,4 +1,4 @@
-"""每章末尾的练习（第 1–13 章）：练习题的检查器：每章末尾的练习用 ``check("04-1", answer)`` 检查读者的答案。
+"""每章末尾的练习（第 1–13 章）的检查器：``check("04-1", answer)`` 检查读者的答案。
 
 Each chapter registers its exercises in its own module ``chNN.py`` in this package (found
 automatically). A notebook's exercise leaves ``answer = None`` for the reader; the hidden

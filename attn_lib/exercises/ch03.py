@@ -1,4 +1,4 @@
-"""第 03 章（Softmax）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib。"""
+"""第 03 章（Softmax）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib；写代码的练习拿 PyTorch 核对（见 code.py）。"""
 from __future__ import annotations
 
 import math
@@ -26,14 +26,14 @@ register(Exercise(
     id="03-2",
     question="softmax([0, 0, -inf, 0]) 是哪四个比例？",
     answer=[1 / 3, 1 / 3, 0.0, 1 / 3],
-    hint="-inf 那一位的比例是 0，剩下三位分数相等，平分全部比例。",
+    hint="-inf 那一位的比例是 0，剩下三位评分相等，平分全部比例。",
     atol=1e-3,
     wrong_example=[0.25, 0.25, 0.25, 0.25],
 ))
 
 register(Exercise(
     id="03-3",
-    question="主走查第 3 步里，把「书」的分数 0.6 换成 -inf（另外两个不变），「水」分到的比例是多少？（精确到 0.001）",
+    question="主走查第 3 步里，把「书」的评分 0.6 换成 -inf（另外两个不变），「水」分到的比例是多少？（精确到 0.001）",
     answer=1 / (1 + math.exp(2.4 - 3.0)),  # e^3.0 ÷ (e^3.0 + e^2.4) ≈ 0.646
     hint="-inf 的比例是 0，剩下的 e^3.0 和 e^2.4 平分全部比例：水 = e^3.0 ÷ (e^3.0 + e^2.4)。",
     atol=1e-3,

@@ -34,7 +34,7 @@ register(Exercise(
 
 register(Exercise(
     id="04-2",
-    question="4 个分数完全相等时，softmax 的雅可比矩阵 diag(p) − ppᵀ 的 Frobenius 范数是多少？（精确到 0.001）",
+    question="4 个评分完全相等时，softmax 的雅可比矩阵 diag(p) − ppᵀ 的 Frobenius 范数是多少？（精确到 0.001）",
     answer=math.sqrt(4 * 0.1875**2 + 12 * 0.0625**2),  # = √0.1875 ≈ 0.433
     hint="p = [0.25, 0.25, 0.25, 0.25]；对角线上是 0.25 − 0.0625，其余是 −0.0625；平方、求和、开根。"
          "也可以调用 attn_lib.core.scaling.softmax_grad_norm。",

@@ -1,4 +1,4 @@
-"""第 05 章（自注意力）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib。"""
+"""第 05 章（自注意力）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib；写代码的练习拿 PyTorch 核对（见 code.py）。"""
 from __future__ import annotations
 
 import math
@@ -75,7 +75,7 @@ register_code(CodeExercise(
         Probe("元素较大的输入（q、k 乘 30）", lambda g: _qkv(g, 1, 2, 5, 7, 16, 3, spread=30.0)),
     ),
     mistakes=(
-        Mistake("scale", lambda q, k, v: _attend(q, k, v, 1.0), "分数没有缩放：点积要先除以 √d（d 是查询、键的长度）。"),
+        Mistake("scale", lambda q, k, v: _attend(q, k, v, 1.0), "评分没有缩放：点积要先除以 √d（d 是查询、键的长度）。"),
         Mistake("scale", lambda q, k, v: _attend(q, k, v, 1 / q.shape[-1]), "缩放因子不对：应除以 √d，不是 d。"),
         Mistake("scale", lambda q, k, v: _attend(q, k, v, v.shape[-1] ** -0.5),
                 "缩放用了值向量的长度：√d 里的 d 是查询、键的长度。"),

@@ -1,4 +1,4 @@
-"""第 07 章（多头注意力）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib。"""
+"""第 07 章（多头注意力）的练习。参考答案是写死的数或用标准库 math 独立算出，不调用 attn_lib；写代码的练习拿 PyTorch 核对（见 code.py）。"""
 from __future__ import annotations
 
 import math

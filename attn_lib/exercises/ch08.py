@@ -10,18 +10,18 @@ _l = _l1 * math.exp(2 - 3) + math.exp(3 - 3)  # after [3]: m = 3, the old sum re
 
 register(Exercise(
     id="08-1",
-    question="一行分数 [2, 1, 3] 分两段读：先读 [2, 1]，再读 [3]。读完第二段后，「目前的指数和」ℓ 是多少？"
+    question="一行评分 [2, 1, 3] 分两段读：先读 [2, 1]，再读 [3]。读完第二段后，「目前的指数和」ℓ 是多少？"
              "（此时 m = 3；精确到 0.001）",
     answer=_l,  # = e^(2-3) + e^(1-3) + e^(3-3) ≈ 1.503
-    hint="第一段读完 m = 2,ℓ = e^0 + e^(1-2)；第二段把 m 抬到 3，旧的 ℓ 要先乘 e^(2-3) 再加上 e^(3-3)。",
+    hint="第一段读完 m = 2，ℓ = e^0 + e^(1-2)；第二段把 m 抬到 3，旧的 ℓ 要先乘 e^(2-3) 再加上 e^(3-3)。",
     atol=1e-3,
     wrong_example=float(_l1) + 1.0,  # forgot to rescale the old sum
 ))
 
 register(Exercise(
     id="08-2",
-    question="一层注意力有 8 个头，序列长度 4096，分数用 float16（每个数 2 字节）存。批大小为 1 时，"
-             "这一层的分数矩阵 (B, H, L, S) 占多少 MiB（1 MiB = 2^20 字节）？",
+    question="一层注意力有 8 个头，序列长度 4096，评分用 float16（每个数 2 字节）存。批大小为 1 时，"
+             "这一层的评分矩阵 (B, H, L, S) 占多少 MiB（1 MiB = 2^20 字节）？",
     answer=256.0,  # 1·8·4096·4096 个数 × 2 字节 ÷ 2^20
     hint="元素个数是 B·H·L·S = 1·8·4096·4096，再乘 2 字节，除以 2^20。也可以调用 attn_lib.costs.io_model.score_matrix_bytes。",
     atol=1e-6,

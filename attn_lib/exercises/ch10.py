@@ -1,4 +1,4 @@
-"""第 10 章（位置、训练好的小模型、KV 缓存）的练习。参考答案是字面值或独立的算式。"""
+"""第 10 章（位置、训练好的小模型、KV 缓存）的练习。参考答案是字面值或独立的算式；写代码的练习拿 PyTorch 核对（见 code.py）。"""
 from __future__ import annotations
 
 import math

@@ -20,7 +20,7 @@ register(Exercise(
     id="11-1",
     question=f"序列长度从 {SHORT} 变成 {LONG}，一个头的注意力分数矩阵的元素个数变成原来的几倍？",
     answer=_score_entries(LONG) // _score_entries(SHORT),
-    hint="分数矩阵是 L × L：长度乘 4，行数和列数各乘 4。",
+    hint="注意力分数矩阵是 L × L：长度乘 4，行数和列数各乘 4。",
     wrong_example=LONG // SHORT,
 ))
 

@@ -1,4 +1,4 @@
-"""第 13 章（让模型写字：生成、KV 缓存与拆分 KV 的解码）的练习。参考答案是字面值或独立的算式。"""
+"""第 13 章（让模型写字：生成、KV 缓存与拆分 KV 的解码）的练习。参考答案是字面值或独立的算式；写代码的练习拿 PyTorch 核对（见 code.py）。"""
 from __future__ import annotations
 
 import math

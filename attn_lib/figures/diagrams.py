@@ -62,7 +62,7 @@ def draw_qkv_projection(width: float = MAX_WIDTH_IN):
         v = _box(ax, 3.0, 0.6, 1.7, 0.9, "值 $V = XW_v$", _BOX["proj"], 10)
         for dst, name in ((q, "$W_q$"), (k, "$W_k$"), (v, "$W_v$")):
             _arrow(ax, x_in["r"], dst["l"], f"× {name}", ((x_in["r"][0] + dst["l"][0]) / 2, dst["l"][1] + 0.08))
-        s = _box(ax, 5.6, 3.35, 2.0, 1.2, "分数 $QK^{\\top}/\\sqrt{d}$\n(L × L)", _BOX["score"])
+        s = _box(ax, 5.6, 3.35, 2.0, 1.2, "评分 $QK^{\\top}/\\sqrt{d}$\n(L × L)", _BOX["score"])
         _arrow(ax, q["r"], (s["l"][0], s["l"][1] + 0.3))
         _arrow(ax, k["r"], (s["l"][0], s["l"][1] - 0.3))
         p = _box(ax, 5.6, 1.55, 2.0, 1.1, "注意力分数 $P$\n每行加起来等于 1", _BOX["score"], 10)

@@ -1,4 +1,4 @@
-"""第 08 章（FlashAttention 分块示意图）：一步一格，画出显存 HBM 里的 Q、K、V、O 块和此刻片上 SRAM 里的东西。
+"""第 08 章（FlashAttention 分块示意图）：一步一格，画出显存里的 Q、K、V、O 块和此刻片上 SRAM 里的东西。
 
 ``show_flash_steps([(i, j, write_out), ...])`` stacks the steps top to bottom; each step is
 drawn by ``draw_flash_step``: HBM on the left (dark red = read or written in this step, light
@@ -30,7 +30,7 @@ def _draw_hbm(ax, i: int, j: int, n: int, write_out: bool) -> None:
     from matplotlib.patches import Rectangle
 
     ax.add_patch(Rectangle((0.1, -0.3), 4.65, n + 1.2, fill=False, lw=1.5, ls="--", ec="tab:blue"))
-    ax.text(2.4, n + 1.1, "显存 HBM（大、慢）", ha="center", color="tab:blue", fontsize=10)
+    ax.text(2.4, n + 1.1, "显存（大、慢）", ha="center", color="tab:blue", fontsize=10)
     for name, x0 in {"Q": 0.3, "K": 1.45, "V": 2.6, "O": 3.75}.items():
         ax.text(x0 + 0.4, n + 0.2, name, ha="center", fontsize=11)
         for b in range(n):
@@ -50,7 +50,7 @@ def _draw_sram(ax, i: int, j: int, n: int) -> None:
     ax.add_patch(Rectangle((6.3, -0.3), 3.6, n + 1.2, fill=False, lw=1.5, ls="--", ec="tab:green"))
     ax.text(8.1, n + 1.1, "片上 SRAM（小、快）", ha="center", color="tab:green", fontsize=10)
     on_chip = [(f"Q{i}", 6.55, n - 1.2), (f"K{j}", 7.75, n - 1.2), (f"V{j}", 8.95, n - 1.2),
-               (f"S{i}{j}\n小块分数", 6.55, n - 2.6), (f"m{i} ℓ{i}", 7.75, n - 2.6), (f"acc{i}", 8.95, n - 2.6)]
+               (f"S{i}{j}\n小块评分", 6.55, n - 2.6), (f"m{i} ℓ{i}", 7.75, n - 2.6), (f"acc{i}", 8.95, n - 2.6)]
     for label, x0, y in on_chip:
         ax.add_patch(Rectangle((x0, y), 0.9, 0.9, fc="#fde0dd", ec="tab:red", lw=0.8))
         ax.text(x0 + 0.45, y + 0.45, label, ha="center", va="center", fontsize=7.5)

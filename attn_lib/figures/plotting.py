@@ -1,4 +1,4 @@
-"""画图（全书共用，第 1–13 章）：注意力分数热力图、分数柱状图，以及中文字体（第 08 章的分块示意图在 flash_steps.py）。
+"""画图（全书共用，第 1–13 章）：热力图、柱状图，以及中文字体（第 08 章的分块示意图在 flash_steps.py）。
 
 Font: the font functions live in ``attn_lib.figures.fonts`` and are re-exported here
 (``find_chinese_font``, ``setup_chinese_font``): a system CJK font when there is one, else the
@@ -121,8 +121,8 @@ def show_heatmap(
     row_labels: Sequence[str] | None = None,
     col_labels: Sequence[str] | None = None,
     title: str | None = None,
-    xlabel: str = "键 Key",
-    ylabel: str = "查询 Query",
+    xlabel: str = "键",
+    ylabel: str = "查询",
     ax=None,
     fmt: str = "{:.2f}",
     cmap: str = "Reds",
@@ -131,7 +131,7 @@ def show_heatmap(
     annotate: bool = True,
     colorbar: bool = True,
 ):
-    """画一张注意力分数热力图，每个格子里写上数值。
+    """画一张热力图（注意力分数或评分），每个格子里写上数值。
 
     Args:
         matrix: 2-D array (L, S): rows are queries, columns are keys (numpy or torch).
@@ -236,7 +236,7 @@ def bar_scores(
     fmt: str = "{:.2f}",
     color: str = "tab:red",
 ):
-    """画一组分数的柱状图，柱顶写上数值（比如「它」分给 水 / 书 / 打翻 的比例）。
+    """画一组数的柱状图，柱顶写上数值（比如「它」分给 水 / 书 / 打翻 的比例；纵轴默认写「注意力分数」）。
 
     Args:
         values: 1-D array of length S.

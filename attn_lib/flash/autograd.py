@@ -107,7 +107,7 @@ def flash_core(q, k, v, settings: AttentionSettings):
 def flash_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_mask=None,
                     backend: str = "auto", check_finite: bool = True, enable_gqa: bool = False,
                     window_size=NO_WINDOW, align: str = "top-left"):
-    """FlashAttention：与 attn_lib.attention 结果相同，但不存整张分数矩阵；可以求导（对 q、k、v）。
+    """FlashAttention：与 attn_lib.attention 结果相同，但不存整张评分矩阵；可以求导（对 q、k、v）。
 
     Args:
         q, k, v: queries (B, H, L, D), keys (B, H_kv, S, D), values (B, H_kv, S, Dv).

@@ -206,7 +206,7 @@ def _merge_splits(acc, m, total, every_row_sees: bool = False):
 
 
 def _raise_if_overflowed(lse, settings: DecodeSettings, L: int, S: int) -> None:
-    """看得见键的行，合并后的 lse 却不是有限数：分数溢出了（+inf 或 nan 向上，-inf 向下）。lse (B, H, L)；一次归约、一次同步。"""
+    """看得见键的行，合并后的 lse 却不是有限数：评分溢出了（+inf 或 nan 向上，-inf 向下）。lse (B, H, L)；一次归约、一次同步。"""
     B = lse.shape[0]
     n = (torch.full((B,), S, device=lse.device) if settings.seqlens is None
          else settings.seqlens.to(lse.device, torch.long))  # (B,)

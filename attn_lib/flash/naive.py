@@ -1,4 +1,4 @@
-"""第 8、9 章（对照组：朴素注意力）：整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V——基准测试和误差规则拿它作对照。
+"""第 8、9 章（对照组：朴素注意力）：整张 (B, H, L, S) 评分矩阵在输入精度下算出、存下，softmax 得到的整张比例再乘 V——基准测试和误差规则拿它作对照。
 
 Written the way a model does it without a fused kernel (and the way flash-attn's tests build
 their low-precision baseline): ``q @ kᵀ`` in the input dtype, softmax in float32, the
@@ -16,7 +16,7 @@ from ..rules.settings import AttentionSettings, Options, rows_with_keys
 
 def naive_attention(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_mask=None,
                     align: str = "top-left"):
-    """朴素注意力：整张 (B, H, L, S) 分数矩阵在输入精度下算出、存下、再乘 V（基准测试和误差规则的对照）。
+    """朴素注意力：整张 (B, H, L, S) 评分矩阵在输入精度下算出、存下，softmax 得到的整张比例再乘 V（基准测试和误差规则的对照）。
 
     Args:
         q, k, v: (B, H, L, D), (B, H, S, D), (B, H, S, Dv).

@@ -31,7 +31,7 @@ def device_workers(device) -> int:
 
 def choose_num_splits(batch_heads: int, S: int, *, workers: int | None = None, block_n: int = DECODE_BLOCK_N,
                       min_blocks: int = MIN_BLOCKS_PER_SPLIT) -> int:
-    """自动选切分数：让 B·H_kv·splits 个工作项填满设备，每段至少读几块键，段数不超过键块数。
+    """自动选段数：让 B·H_kv·splits 个工作项填满设备，每段至少读几块键，段数不超过键块数。
 
     How: with n_blocks = ceil(S / block_n) key blocks,
     ``splits = min(ceil(workers / batch_heads), n_blocks // min_blocks, n_blocks)``, at least 1.

@@ -1,4 +1,4 @@
-"""第 8、9、12 章（分块 FlashAttention 的前向，纯 torch，任何设备）：一块查询配一块一块的键，从不存下整张 L×S 分数矩阵。
+"""第 8、9、12 章（分块 FlashAttention 的前向，纯 torch，任何设备）：一块查询配一块一块的键，从不存下整张 L×S 评分矩阵。
 
 The algorithm is FlashAttention-2's forward pass, written with the names of the Triton
 fused-attention tutorial so the two read side by side (``attn_lib/flash/triton/forward.py``):
@@ -64,7 +64,7 @@ ZERO_REF_RANGE = 60.0  # |score| (base 2) below which exp2(score) needs no shift
 
 
 def default_block_m(H: int, H_kv: int) -> int:
-    """前向默认的查询块：一块分数 tile 总是 DEFAULT_BLOCK_M 行，GQA 时由一组的 G 个查询头分这些行。"""
+    """前向默认的查询块：一块评分 tile 总是 DEFAULT_BLOCK_M 行，GQA 时由一组的 G 个查询头分这些行。"""
     G = H // H_kv if H_kv else 1
     return max(DEFAULT_BLOCK_M // max(G, 1), 1)
 
@@ -99,7 +99,7 @@ class _BlockState:
 def flash_attention_torch(q, k, v, *, is_causal: bool = False, scale: float | None = None, key_mask=None,
                           block_m: int | None = None, block_n: int | None = None, counter=None, enable_gqa=False,
                           window_size=NO_WINDOW, align: str = "top-left"):
-    """分块 FlashAttention 前向（纯 torch）：返回输出和每个查询的 log-sum-exp，不存整张分数矩阵。
+    """分块 FlashAttention 前向（纯 torch）：返回输出和每个查询的 log-sum-exp，不存整张评分矩阵。
 
     Same semantics as ``attn_lib.attention(q, k, v, is_causal=..., window_size=..., align=...,
     mask=key_mask[:, None, None, :])``.
@@ -221,7 +221,7 @@ def _forward_query_block(Q_i, m0: int, tiles: _Tiles):
 
 
 def _tile_weights(qk, m_old, l_old, state: _BlockState, bounded: bool):
-    """分数块变成权重 exp2(score - m)（就地），并更新这些行的 m 和 l：返回 (p, alpha)，alpha 为 None 表示不必缩放。
+    """评分块变成权重 exp2(score - m)（就地），并更新这些行的 m 和 l：返回 (p, alpha)，alpha 为 None 表示不必缩放。
 
     The fast case (every row's maximum within ``±ZERO_REF_RANGE`` of the reference 0, or a row
     with no visible key): ``exp2`` in place, nothing to subtract and nothing to rescale. Otherwise
@@ -270,7 +270,7 @@ def _accumulate(acc_i, p, V_n, alpha, rows: tuple, state: _BlockState) -> None:
 
 
 def _mask_tile(qk, tiles: _Tiles, i0: int, n0: int) -> None:
-    """把分数块里看不见的位置填成 -inf：带外的键（i0 = 块首行的查询号）和缺席的键。"""
+    """把评分块里看不见的位置填成 -inf：带外的键（i0 = 块首行的查询号）和缺席的键。"""
     G = tiles.group
     BK, rows, bn = qk.shape[0], qk.shape[1] // G, qk.shape[2]
     hide = band_hidden(tiles.grid, i0, rows, n0, bn, tiles.band)  # None or (rows,bn)

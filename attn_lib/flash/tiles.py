@@ -1,4 +1,4 @@
-"""第 8、9 章（书中不单独讲）：分块前向和分块反向共用的「块」：GQA 时一组查询头的行怎么排，一块分数里哪些位置在带外、哪些键缺席。
+"""第 8、9 章（书中不单独讲）：分块前向和分块反向共用的「块」：GQA 时一组查询头的行怎么排，一块评分里哪些位置在带外、哪些键缺席。
 
 - ``group_rows`` / ``ungroup_rows``: (B, H, L, X) <-> (B·H_kv, L·G, X), the G query heads that
   share a key/value head interleaved, so that a block of queries against its key/value head is
@@ -38,7 +38,7 @@ def col_minus_row(bm: int, bn: int, device):
 
 
 def band_hidden(grid, i0: int, rows: int, n0: int, bn: int, band: Band):
-    """一块 (rows, bn) 分数（首行是查询 i0，首列是键 n0）里带外的位置（True = 看不见）；整块都在带内时返回 None。"""
+    """一块 (rows, bn) 评分（首行是查询 i0，首列是键 n0）里带外的位置（True = 看不见）；整块都在带内时返回 None。"""
     lo, hi = band.lo, band.hi
     cut_lo = lo is not None and n0 - (i0 + rows - 1) < lo  # some key of the tile lies left of the band
     cut_hi = hi is not None and (n0 + bn - 1) - i0 > hi  # some key of the tile lies right of the band

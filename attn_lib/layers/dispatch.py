@@ -82,7 +82,7 @@ def decode_backend(q, k, mask, settings: AttentionSettings, need_weights: bool):
 
 
 def attend(q, k, v, mask, settings: AttentionSettings, *, need_weights: bool = False, decode: bool = False):
-    """层内部用的注意力（输入已检查过）：返回（输出 (B, H, L, Dv)，分数 (B, H, L, S) 或 None）。
+    """层内部用的注意力（输入已检查过）：返回（输出 (B, H, L, Dv)，注意力分数 (B, H, L, S) 或 None）。
 
     Args:
         q, k, v: (B, H, L, D), (B, H_kv, S, D), (B, H_kv, S, Dv), checked; H_kv divides H.

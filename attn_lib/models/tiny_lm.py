@@ -81,7 +81,7 @@ class Block(nn.Module):
         self.mlp = MLP(d_model, mlp_hidden)
 
     def forward(self, x: torch.Tensor, kv_cache=None, need_weights: bool = False):
-        """一个块的前向计算：返回新的 x (B, L, C) 和注意力分数 (B, H, L, S)（不要分数时为 None）；注意力层在它的门检查 x。"""
+        """一个块的前向计算：返回新的 x (B, L, C) 和注意力分数 (B, H, L, S)（不要时为 None）；注意力层在它的门检查 x。"""
         a = self.attn(self.norm1(x), kv_cache=kv_cache, need_weights=need_weights)  # (B,L,C)
         return self._residual(x, a, need_weights)
 

@@ -78,7 +78,7 @@ def resolve_scale(scale: float | None, D: int) -> float:
 
 
 def base2_factor(scale: float, dtype) -> tuple[float, float]:
-    """以 2 为底算分数时乘的两个因子 (a, b)：分数 = (q·k)·a·b，a·b = scale·log2(e)。
+    """以 2 为底算评分时乘的两个因子 (a, b)：评分 = (q·k)·a·b，a·b = scale·log2(e)。
 
     Normally ``(scale·log2(e), 1.0)``: one multiplication. When ``scale·log2(e)`` would not
     fit the working dtype (``scale`` near float32's largest number) the product is split,
@@ -90,7 +90,7 @@ def base2_factor(scale: float, dtype) -> tuple[float, float]:
 
 
 def overflow_error(dtype: Any, to: str = "+inf") -> ValueError:
-    """分数溢出时所有路径共用的报错（消息开头固定，见 OVERFLOW_MESSAGE），并说出溢出的方向。
+    """评分溢出时所有路径共用的报错（消息开头固定，见 OVERFLOW_MESSAGE），并说出溢出的方向。
 
     Args:
         dtype: the working dtype in which the scores overflowed (torch or numpy).

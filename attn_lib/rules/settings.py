@@ -73,7 +73,7 @@ class AttentionSettings:
 
     @property
     def qk_scale(self) -> tuple[float, float]:
-        """以 2 为底的分数因子 (a, b)：a·b = scale·log2(e)（见 ``attn_lib.rules.numerics.base2_factor``）。"""
+        """以 2 为底算评分时乘的两个因子 (a, b)：a·b = scale·log2(e)（见 ``attn_lib.rules.numerics.base2_factor``）。"""
         return base2_factor(self.scale, self.work_dtype)
 
     def replace(self, **changes) -> "AttentionSettings":
@@ -83,7 +83,7 @@ class AttentionSettings:
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """一步解码（flash_decoding）解析好的设置：缩放、工作精度、每条序列的键数、是否因果、切分数、后端、溢出检查。
+    """一步解码（flash_decoding）解析好的设置：缩放、工作精度、每条序列的键数、是否因果、段数、后端、溢出检查。
 
     Attributes:
         scale, work_dtype, check_overflow, backend: as in ``AttentionSettings``.
@@ -135,7 +135,7 @@ def rows_with_keys(L: int, S: int, settings: AttentionSettings, device):
 
 
 def raise_if_overflowed(lse, L: int, S: int, settings: AttentionSettings) -> None:
-    """溢出规则（分块和 Triton 路径）：看得见键的行，log-sum-exp 却是 ±inf 或 nan，就是分数溢出了。
+    """溢出规则（分块和 Triton 路径）：看得见键的行，log-sum-exp 却是 ±inf 或 nan，就是评分溢出了。
 
     A row that sees no key has ``lse = -inf`` and a zero output: not an overflow. A row whose
     log-sum-exp is +inf or nan overflowed to +inf; one whose visible scores all became -inf has

@@ -41,7 +41,7 @@ CONTENT_PAGES = [p for p in PAGES if p not in SPECIAL_PAGES]
 LAPTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 SHAPE_TOLERANCE = 0.02
-MULTI_WORD_QUERIES = ["注意力机制", "查询头", "分数矩阵", "显存带宽"]
+MULTI_WORD_QUERIES = ["注意力机制", "查询头", "评分矩阵", "显存带宽"]
 LAST_CHAPTER = (sorted(notebook_pages()) or ["(no notebook pages)"])[-1]
 
 

@@ -82,6 +82,7 @@ def test_plots_label_their_cells():
     texts = [t.get_text() for t in ax.texts]
     assert texts == ["0.61", "0.06", "-∞"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["水", "书", "打翻"]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("键", "查询")  # one name per term, as in the glossary
     fig = plotting.show_heatmaps(torch.rand(3, 2, 2), titles=["头 1", "头 2", "头 3"], ncols=2)
     assert len(fig.axes) == 4
     ax = plotting.bar_scores([0.61, 0.06, 0.33], list(we.KEY_TOKENS))
