@@ -1,8 +1,8 @@
 """What the prose says about a figure agrees with how the figure is built.
 
 Read from the committed notebooks (no execution):
-- 「下图」 / 「下面这张图」 has a figure in one of the next two code cells, 「上图」 / 「上面这张图」 in one of
-  the two before;
+- 「下图」 / 「下面这张图」: the next code cell that shows something shows a figure (or a widget, whose
+  static figure follows); 「上图」 / 「上面这张图」: the one before does;
 - 「图下打印」 means text printed after the figure in its cell, 「图上方打印」 text printed before it.
 
 Read from the figures as the chapter builds them (tests/figure_record.py runs each chapter and records
@@ -37,11 +37,17 @@ QUOTED_LABEL = re.compile(r"(?:标作|标着|标为|标成|写着|标的是)「(
 
 
 def _has_image(cell) -> bool:
-    return any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
+    """A figure, or a widget (whose static figure follows it)."""
+    return any("image/png" in o.get("data", {}) or WIDGET in o.get("data", {}) for o in cell.get("outputs", []))
+
+
+WIDGET = "application/vnd.jupyter.widget-view+json"
 
 
 def _code_cells(nb, indices) -> list:
-    return [nb.cells[j] for j in indices if 0 <= j < len(nb.cells) and nb.cells[j].cell_type == "code"]
+    """The code cells among ``indices`` that show something (a cell that only defines is skipped)."""
+    return [nb.cells[j] for j in indices if 0 <= j < len(nb.cells) and nb.cells[j].cell_type == "code"
+            and nb.cells[j].get("outputs")]
 
 
 def _order_problems(nb, name: str) -> list[str]:
@@ -50,15 +56,15 @@ def _order_problems(nb, name: str) -> list[str]:
         if cell.cell_type != "markdown":
             continue
         text = cell.source
-        after = _code_cells(nb, range(i + 1, len(nb.cells)))[:2]
-        before = _code_cells(nb, range(i - 1, -1, -1))[:2]
+        after = _code_cells(nb, range(i + 1, len(nb.cells)))[:1]
+        before = _code_cells(nb, range(i - 1, -1, -1))[:1]
         if BELOW.search(text) and not any(map(_has_image, after)):
-            bad.append(f"{name} cell {i}: 「{BELOW.search(text).group(0)}」 but no figure in the next two code cells")
+            bad.append(f"{name} cell {i}: 「{BELOW.search(text).group(0)}」 but the next code cell shows no figure")
         if ABOVE.search(text) and not any(map(_has_image, before)):
-            bad.append(f"{name} cell {i}: 「{ABOVE.search(text).group(0)}」 but no figure in the two code cells before")
+            bad.append(f"{name} cell {i}: 「{ABOVE.search(text).group(0)}」 but the code cell before shows no figure")
         for pattern, want in ((PRINTED_BELOW, "after"), (PRINTED_ABOVE, "before")):
             if pattern.search(text):
-                near = [c for c in before[:1] + after[:1] if _has_image(c)]
+                near = [c for c in before + after if _has_image(c)]
                 if not any(_printed(c, want) for c in near):
                     bad.append(f"{name} cell {i}: 「{pattern.search(text).group(0)}」 but no text printed {want} the figure")
     return bad
@@ -67,6 +73,8 @@ def _order_problems(nb, name: str) -> list[str]:
 def _printed(cell, where: str) -> bool:
     kinds = ["image" if "image/png" in o.get("data", {}) else "text" for o in cell.outputs
              if o.get("output_type") == "stream" or "image/png" in o.get("data", {})]
+    if "image" not in kinds:
+        return False
     first, last = kinds.index("image"), len(kinds) - 1 - kinds[::-1].index("image")
     return "text" in (kinds[last + 1:] if where == "after" else kinds[:first])
 
