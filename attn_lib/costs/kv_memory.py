@@ -17,7 +17,8 @@ into it before the token attends, so while generating position t the W slots hol
 itself and the W - 1 before it. Sources of the convention:
 
 - Mistral's reference code, mistralai/mistral-inference ``mistral/cache.py``
-  (``RotatingBufferCache``): the prefill mask is xformers'
+  (``RotatingBufferCache``; ``BufferCache`` in the later ``src/mistral_inference/cache.py``): the
+  prefill mask is xformers'
   ``BlockDiagonalCausalMask.make_local_attention(sliding_window)`` (xformers documents
   ``BlockDiagonalCausalLocalAttentionMask``: "The ith query in a block only attends to keys in its
   block with index greater than i - window_size and less than or equal to i"), and a decode step
