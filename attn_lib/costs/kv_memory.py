@@ -9,6 +9,29 @@ with ``bytes_per_value = 2`` for bf16 / fp16. Sharing key/value heads (GQA, MQA)
 ``kv_heads``; a sliding window with a rolling buffer (Mistral) caps ``stored_tokens`` at the
 window: ``stored_tokens = min(tokens, window)``.
 
+The window's convention: a config's ``sliding_window = W`` (Mistral, Hugging Face transformers)
+counts every position of the window, the current one included: position i sees keys
+i - W + 1 .. i, W keys, which is flash-attn's ``window_size=(W - 1, 0)`` (``ModelConfig.window_size``),
+not ``(W, 0)``. The rolling buffer has W slots and the current token's key and value are written
+into it before the token attends, so while generating position t the W slots hold the token
+itself and the W - 1 before it. Sources of the convention:
+
+- Mistral's reference code, mistralai/mistral-inference ``mistral/cache.py``
+  (``RotatingBufferCache``; ``BufferCache`` in the later ``src/mistral_inference/cache.py``): the
+  prefill mask is xformers'
+  ``BlockDiagonalCausalMask.make_local_attention(sliding_window)`` (xformers documents
+  ``BlockDiagonalCausalLocalAttentionMask``: "The ith query in a block only attends to keys in its
+  block with index greater than i - window_size and less than or equal to i"), and a decode step
+  attends over ``(cached + new).clamp(max=sliding_window)`` keys, its own included;
+- Hugging Face transformers: its eager mask with ``sliding_window=2048`` lets each query see at
+  most 2048 keys (huggingface/transformers#29623); Timothée Lacroix (Mistral) in
+  huggingface/transformers#26464: "window_size_left = config.sliding_window-1" for flash-attn.
+
+The paper (Jiang et al., "Mistral 7B", arXiv:2310.06825, section 2) says a hidden state at
+position i attends to positions "between i − W and i", and counts the receptive field of k
+layers as k × W (32 × 4096, "approximately 131K"); the book reads that window as the code
+does, W positions with i among them, so k layers reach back k × (W − 1) positions.
+
 The configuration values are those published with the models (Hugging Face ``config.json``;
 ``head_dim = hidden_size / num_attention_heads`` as the models compute it):
 
@@ -28,7 +51,7 @@ The configuration values are those published with the models (Hugging Face ``con
   https://huggingface.co/Open-Orca/Mistral-7B-OpenOrca/blob/refs%2Fpr%2F19/config.json, and
   Mistral's own ``params.json`` (``"head_dim": 128``, ``"sliding_window": 4096``) in
   https://huggingface.co/mlx-community/mistral-7B-v0.1/blob/refs%2Fpr%2F5/params.json. The
-  rolling buffer of W = 4096 positions: Jiang et al., "Mistral 7B" (arXiv:2310.06825), section 2.
+  rolling buffer of W = 4096 slots: Jiang et al., "Mistral 7B" (arXiv:2310.06825), section 2.
 
 Llama 2 was trained with 4096 positions: its 32k rows are the formula carried past the
 model's context, to show how the cache grows, not a setting the model supports.
@@ -56,7 +79,8 @@ class ModelConfig:
         num_kv_heads: ``num_key_value_heads`` (key/value heads; = num_heads without sharing).
         hidden_size: ``hidden_size`` (= num_heads * head_dim).
         max_positions: ``max_position_embeddings``.
-        sliding_window: ``sliding_window`` (the rolling buffer's length), None without one.
+        sliding_window: ``sliding_window`` W, None without one: the window's length counting the
+            current position (keys i - W + 1 .. i) and the rolling buffer's number of slots.
         source: where the values were read.
     """
 
@@ -79,6 +103,11 @@ class ModelConfig:
         """几个查询头共用一个键值头：num_heads / num_kv_heads。"""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def window_size(self) -> tuple[int, int] | None:
+        """配置里的 sliding_window = W 换成 flash-attn 的写法：(W - 1, 0)（窗口一共 W 个位置，含当前位置）；没有窗口时是 None。"""
+        return None if self.sliding_window is None else (self.sliding_window - 1, 0)
+
 
 CONFIGS = {
     "Llama-2-7B": ModelConfig("Llama-2-7B", 32, 32, 32, 4096, 4096, None,
@@ -98,7 +127,7 @@ def _check_config(config) -> ModelConfig:
 
 
 def stored_tokens(config: ModelConfig, tokens: int) -> int:
-    """缓存里实际存几个位置：没有窗口时是 tokens；有滚动缓存时最多 sliding_window 个。"""
+    """缓存里实际存几个位置：没有窗口时是 tokens；有滚动缓存时最多 sliding_window 个（W 格里含正在生成的这个位置）。"""
     config = _check_config(config)
     tokens = check_positive_int("tokens", tokens)
     return tokens if config.sliding_window is None else min(tokens, config.sliding_window)

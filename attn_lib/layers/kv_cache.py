@@ -28,6 +28,9 @@ Sliding windows (``window_size=(left, right)``): a later query never sees a key 
 call, a rolling buffer as in Mistral 7B (kept in position order, so the alignment below stays
 one offset). During a call of L new positions the attention reads at most left + L keys; after
 any number of steps the cache holds at most ``left`` positions, whatever the sequence's length.
+Mistral's buffer has W = left + 1 slots (its ``sliding_window`` W counts the current token, which
+it writes into the buffer before attending); this one keeps the ``left`` earlier positions between
+calls and joins the new token's keys during the call: the same window of left + 1 keys.
 Two counts therefore differ:
 
 - ``cache.seen``: positions seen since the last ``reset()`` (the absolute position of the next

@@ -106,7 +106,9 @@ class MultiHeadAttention(nn.Module):
         window_size: None (default, no window) or ``(left, right)`` as in flash-attn: query i
             sees keys i + o - left .. i + o + right (-1 = unbounded on that side; o the
             alignment's offset); with ``is_causal`` right must be 0 or -1. With a ``kv_cache`` the
-            rolling buffer keeps the last ``left`` positions.
+            rolling buffer keeps the last ``left`` positions between calls (a step's own keys
+            join them: one window of left + 1). A config's ``sliding_window = W`` (Mistral,
+            Hugging Face) counts the current position too: pass ``(W - 1, 0)``, not ``(W, 0)``.
         bias: give the QKV and output projections a bias.
         is_causal: hide later keys from each query; combined with any ``mask`` given to ``forward``.
         align: ``"top-left"`` (default, SDPA's ``is_causal``) or ``"bottom-right"`` (flash-attn's)

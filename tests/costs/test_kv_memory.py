@@ -82,3 +82,16 @@ def test_custom_config_and_bad_input():
         kv_cache_bytes("Mistral-7B", 4096)
     with pytest.raises(ValueError, match=r"bytes_per_value must be a positive int"):
         kv_cache_bytes(mqa, 4, bytes_per_value=0)
+
+
+def test_window_size_counts_the_current_position():
+    """A config's sliding_window = W is W positions in all, the current one included: flash-attn's
+    window_size=(W - 1, 0) (Hugging Face transformers' mask, Mistral's reference code)."""
+    import attn_lib
+
+    assert CONFIGS["Mistral-7B"].window_size == (4095, 0)
+    assert CONFIGS["Llama-2-7B"].window_size is None and CONFIGS["Llama-2-70B"].window_size is None
+    toy = ModelConfig("toy", 2, 4, 1, 64, 128, sliding_window=4)
+    band = attn_lib.sliding_window_mask(10, window_size=toy.window_size, is_causal=True)  # (10,10)
+    assert band.sum(dim=1).tolist() == [1, 2, 3, 4, 4, 4, 4, 4, 4, 4]  # at most W = 4 keys, itself among them
+    assert kv_cache_bytes(toy, 100) == 2 * 2 * 1 * 16 * 4 * 2  # the W slots: the current token and W - 1 before it
