@@ -4,8 +4,8 @@ labelled series of each panel with their colours, every colour drawn, and every 
 Used by tests/book/test_figure_descriptions.py, which compares the prose around a figure with the figure.
 The chapter runs in a kernel of the current environment (as nbval runs it); a cell put before the
 chapter's first cell wraps matplotlib's ``FigureCanvasBase.print_figure``, through which the inline
-backend renders every figure it shows, and counts the chapter's cells with IPython's ``pre_run_cell``
-event. The record is a list of dicts, one per figure, in the order they were shown.
+backend renders every figure it shows, and counts the code cells the kernel runs with IPython's
+``pre_run_cell`` event (mapped back to the chapter's cell indices). The record is a list of dicts, one per figure, in the order they were shown.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def _panel(ax):
 def _record(fig):
     fig.canvas.draw()
     texts = [t.get_text() for t in fig.findobj(_Text) if t.get_visible() and t.get_text().strip()]
-    panels = [_panel(ax) for ax in fig.axes if ax.get_visible() and ax.axison]
+    panels = [_panel(ax) for ax in fig.axes if ax.get_visible()]
     _FIG_RECORD.append({"cell": _FIG_CELL[0], "panels": panels, "texts": texts})
 
 
@@ -90,5 +90,7 @@ def record_figures(path: Path, timeout: int = 600) -> list[dict]:
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
         records = json.loads(out.read_text(encoding="utf-8"))
-    last = len(nb.cells) - 2  # the dump cell is not the chapter's
-    return [r for r in records if 0 <= r["cell"] < last]
+    # The kernel counts the code cells it runs (nbclient skips markdown and empty code cells): the
+    # k-th one it runs after the recorder is the chapter's cell ran[k].
+    ran = [i for i, c in enumerate(nb.cells[1:-1]) if c.cell_type == "code" and c.source.strip()]
+    return [dict(r, cell=ran[r["cell"]]) for r in records if 0 <= r["cell"] < len(ran)]

@@ -8,8 +8,9 @@ Read from the committed notebooks (no execution):
 Read from the figures as the chapter builds them (tests/figure_record.py runs each chapter and records
 every figure it shows):
 - in a figure of several panels, one colour means one series: two panels do not give a colour to
-  different series, nor one series different colours (a series is a legend label up to its 「：」, so
-  「不缩放：中位数」 and 「不缩放：平均值」 are one series drawn in two line styles);
+  different series, nor one series different colours (a series is a legend label up to its 「：」 or
+  「（」, so 「不缩放：中位数」 and 「不缩放：平均值」, or 「朴素注意力」 and 「朴素注意力（因果）」, are one
+  series drawn in two line styles);
 - a markdown cell next to a figure (the figure cells right before and right after it) that speaks of
   panels above and below (「上面一张」「下半幅」…) or left and right (「左图」「右边一张」…) has such a
   figure there; a colour it names (「蓝线」「灰色」…) is drawn there; a label it quotes (「标作「…」」) is
@@ -117,7 +118,7 @@ def colour_clashes(fig) -> list[str]:
         for label, colours, _style in panel["series"]:
             if label.startswith("_") or not colours:
                 continue
-            series = re.split(r"[：:]", label, maxsplit=1)[0].strip()
+            series = re.split(r"[：:（(]", label, maxsplit=1)[0].strip()
             by_colour.setdefault(colours[0], set()).add(series)
             by_series.setdefault(series, set()).add(colours[0])
     out = [f"colour {c} means {sorted(s)}" for c, s in by_colour.items() if len(s) > 1]
