@@ -3,7 +3,7 @@ a mask added) and 「注意力分数」 after it (the proportions, plainly 「�
 either, so it appears only inside 「注意力分数」 (「部分数据」 is not the word).
 
 Read: the intro, the glossary, the README, every cell's source and committed text output of every
-chapter, and the .py files of attn_lib, bench, scripts and _site (strings, comments and docstrings alike:
+chapter, and the .py files of attn_lib, bench and scripts (strings, comments and docstrings alike:
 the library's messages and figure labels reach the reader).
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _notebook_text(path) -> str:
 
 FILES = [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
          *sorted((ROOT / "attn_lib").rglob("*.py")), *sorted((ROOT / "bench").glob("*.py")),
-         *sorted((ROOT / "scripts").glob("*.py")), *sorted((ROOT / "_site").glob("*.py"))]
+         *sorted((ROOT / "scripts").glob("*.py"))]
 
 
 def test_the_rule_sees_what_it_should():
