@@ -3,8 +3,11 @@
     .venv/bin/python bench/decode.py            # B=1, H=32, H_kv=8, L=1, D=128, S in {1k, 2k, 4k, 8k, 16k, 32k}, fp32
     .venv/bin/python bench/decode.py --quick    # tiny shapes, S in {256, 512}: a smoke test in seconds, saves nothing
     .venv/bin/python bench/decode.py --threads 2 --rounds 5 --sizes 4096 16384
+    .venv/bin/python bench/decode.py --impls sdpa_gqa decode decode_unchecked decode_8 decode_repeat
+        # chapter 13's table (shipped as attn_lib/data/cpu_decode_bench.json): the public function and its core
 
-Implementations (every one computes the same output; tests/bench/test_decode.py checks that):
+Implementations (every one computes the same output; tests/bench/test_decode.py checks that for the four
+default ones):
 
 - ``sdpa_gqa``: ``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` (for L > 1 with the
   bottom-right causal mask of a decode step);
@@ -14,12 +17,16 @@ Implementations (every one computes the same output; tests/bench/test_decode.py 
 - ``decode_8``: the same path with 8 splits (on a CPU the splits run one after another: what
   they cost without a GPU's parallel programs);
 - ``decode_repeat``: K and V first repeated to H heads (``repeat_interleave``, inside the timed
-  call), then the same path with H_kv = H: the grouped layout's share of the difference.
+  call), then the same path with H_kv = H: the grouped layout's share of the difference;
+- ``decode_unchecked`` (only when named in ``--impls``): ``decode``'s step through the unchecked core
+  whatever ``--call`` says, so that one run times the public function and its core side by side
+  (what the door's checks cost).
 
 Timing: float32; per case one warm-up call, then timed calls (``time.perf_counter``), at least
 ``--reps`` and more until ``--min-time`` seconds have passed (a short step gets many calls, so that
 on a busy machine some of them run undisturbed); ``--rounds`` rounds in which the implementations alternate (so a slow spell of the machine hits
-every side), the time is the minimum over every timed call of every round. ``--call flash_decoding``
+every side), the time is the minimum over every timed call of every round; each row also keeps every
+round's own minimum (``round_min_s``), so that a reader sees how far the rounds spread. ``--call flash_decoding``
 (default) times the public ``attn_lib.flash_decoding``, whose door scans q and the cache for nan / inf
 (one more read of the cache) and whose core checks the result for overflow; ``--call decode_core`` times
 attn_lib's unchecked core ``attn_lib.flash.decoding.decode_core`` instead (its settings built once, before
@@ -42,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu import machine, merge_rounds  # noqa: E402  (bench/cpu.py: the same machine record and round rule)
 
 IMPLS = ("sdpa_gqa", "decode", "decode_8", "decode_repeat")
+OPTIONAL_IMPLS = ("decode_unchecked",)  # only when named in --impls
+ALL_IMPLS = ("sdpa_gqa", "decode", "decode_unchecked", "decode_8", "decode_repeat")  # the table's order
 DEFAULT_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_SIZES = (256, 512)
 SHAPE = (32, 8, 128)  # H, H_kv, D of the full run (Llama-3-8B's attention)
@@ -69,7 +78,8 @@ def parse_args(argv=None):
                    help="seconds per case and round: timed calls go on until then (at least --reps; --quick 0)")
     p.add_argument("--rounds", type=int, default=None, help="rounds, the sides alternating (default 3, --quick 1)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--impls", nargs="+", choices=IMPLS, default=None, help="default: all")
+    p.add_argument("--impls", nargs="+", choices=ALL_IMPLS, default=None,
+                   help=f"default: {' '.join(IMPLS)} (add {' '.join(OPTIONAL_IMPLS)} by naming it)")
     p.add_argument("--call", choices=CALLS, default="flash_decoding",
                    help="what the attn_lib sides time: the public flash_decoding (default) or its unchecked core")
     p.add_argument("--out", type=Path, default=None, help=f"where to write the JSON (default {RESULTS})")
@@ -90,7 +100,8 @@ def case_fn(impl: str, q, k, v, *, call: str = "flash_decoding"):
 
     The L queries are the last L positions of the cache (causal, bottom-right: SDPA's side gets that mask
     for L > 1). ``call``: ``"flash_decoding"`` (the public function) or ``"decode_core"`` (the unchecked core,
-    its settings built here, before any timing, by ``check_decode_call``, with the overflow check off).
+    its settings built here, before any timing, by ``check_decode_call``, with the overflow check off);
+    ``impl="decode_unchecked"`` takes the core whatever ``call`` says.
     """
     import dataclasses
 
@@ -106,8 +117,8 @@ def case_fn(impl: str, q, k, v, *, call: str = "flash_decoding"):
     if impl == "sdpa_gqa":
         mask = None if L == 1 else causal_mask(L, S, align="bottom-right")  # (L,S) the step's rule
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=G > 1)  # (B,H,L,D)
-    splits = {"decode": None, "decode_8": 8, "decode_repeat": 1}[impl]
-    if call == "flash_decoding":
+    splits = {"decode": None, "decode_unchecked": None, "decode_8": 8, "decode_repeat": 1}[impl]
+    if call == "flash_decoding" and impl != "decode_unchecked":
         def step(kk, vv):
             return flash_decoding(q, kk, vv, num_splits=splits, enable_gqa=kk.shape[1] != q.shape[1],
                                   is_causal=True, backend="torch")  # (B,H,L,D)
@@ -160,6 +171,8 @@ def run_size(S: int, args) -> list:
     for impl in args.impls:
         r = merge_rounds(runs[impl])
         r.pop("peak_extra_mib", None)
+        if "error" not in r:
+            r["round_min_s"] = [run["time_s"] for run in runs[impl]]  # each round's fastest call: the spread
         r.update({"B": B, "H": H, "H_kv": Hkv, "L": L, "D": D, "cache_bytes": 2 * B * Hkv * S * D * 4,
                   "threads": torch.get_num_threads()})
         rows.append(r)
@@ -172,11 +185,11 @@ def format_table(results: list, machine_info: dict | None = None) -> str:
     if machine_info:
         lines.append(f"# {machine_info['cpu']}, {machine_info['torch_threads']} threads, "
                      f"torch {machine_info['torch']}, {machine_info['date']}")
-    head = f"{'S':>6} {'impl':>14} {'time ms':>10} {'x SDPA':>7} {'cache GB/s':>11}"
+    head = f"{'S':>6} {'impl':>16} {'time ms':>10} {'x SDPA':>7} {'cache GB/s':>11}"
     lines += [head, "-" * len(head)]
     ok = {(r["S"], r["impl"]): r for r in results if "error" not in r}
-    for r in sorted(results, key=lambda r: (r["S"], IMPLS.index(r["impl"]))):
-        prefix = f"{r['S']:>6} {r['impl']:>14}"
+    for r in sorted(results, key=lambda r: (r["S"], ALL_IMPLS.index(r["impl"]))):
+        prefix = f"{r['S']:>6} {r['impl']:>16}"
         if "error" in r:
             lines.append(f"{prefix} {'failed: ' + r['error']:>30}")
             continue
@@ -200,15 +213,17 @@ def main(argv=None) -> int:
     for S in args.sizes:
         for r in run_size(S, args):
             results.append(r)
-            print(f"  done: {r['impl']:>14} S={S:>6} "
+            print(f"  done: {r['impl']:>16} S={S:>6} "
                   + (f"{r['time_s'] * 1e3:9.2f} ms" if "time_s" in r else r["error"]), flush=True)
-    print(CALLS[args.call])
+    checks = CALLS[args.call] + ("; decode_unchecked: the unchecked core, as with --call decode_core"
+                                 if "decode_unchecked" in args.impls and args.call != "decode_core" else "")
+    print(checks)
     print(what)
     print(format_table(results, info))
     out = args.out or (None if (args.quick or args.no_save) else RESULTS)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"machine": info, "config": what[2:], "checks": CALLS[args.call], "call": args.call,
+        payload = {"machine": info, "config": what[2:], "checks": checks, "call": args.call,
                    "time": "min over the timed calls (>= reps, until min_time) after one warm-up, over rounds "
                            "(the sides alternating), seconds",
                    "command": "python bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:]),
