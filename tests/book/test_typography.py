@@ -226,3 +226,34 @@ def test_fix_python_touches_only_chinese_literals_and_comments():
 def test_fixer_leaves_the_book_unchanged():
     """The committed book is already fixed: a run of the fixer changes nothing."""
     assert fp.main(["--check"]) == 0
+
+
+# ------------------------------------------------------------ no space beside full-width punctuation
+
+# A full-width mark takes a whole character's width: no space after it (「加起来：1」, not 「加起来： 1」) and
+# none before it (「撕破了。；」, not 「撕破了。 ；」), as print's separator would put there. A mark with a
+# space on both sides is a token of a list written with spaces (「包子 ， 弟弟」) and stays; several
+# spaces after a mark are column alignment and stay. scripts/glue_prints.py rewrites the print calls.
+SPACE_AFTER = re.compile(r"(?<=\S)[：；，。！？、] (?=\S)")
+SPACE_BEFORE = re.compile(r"(?<=\S) [：；，。！？、）」](?=\S)")
+
+
+def _spacing(line: str) -> list[str]:
+    return [line[max(0, m.start() - 10):m.end() + 10] for p in (SPACE_AFTER, SPACE_BEFORE) for m in p.finditer(line)]
+
+
+@pytest.mark.parametrize("line, bad", [("三个比例加起来： 1", True), ("撕破了。 ；同一个种子", True),
+                                        ("课本 跟 包子 ， 弟弟", False), ("带缓存：   桌上", False),
+                                        ("三个比例加起来：1", False)])
+def test_the_spacing_rule(line, bad):
+    assert bool(_spacing(line)) == bad
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_space_beside_full_width_punctuation_in_outputs(path):
+    nb = read_notebook(path)
+    found = [f"[cell {i}] {v}" for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for out in cell.get("outputs", []) if out.get("output_type") == "stream"
+             for line in out.get("text", "").splitlines() for v in _spacing(line)]
+    assert not found, f"{path.name}: a space beside full-width punctuation (run scripts/glue_prints.py):\n  " + \
+        "\n  ".join(found[:20])
