@@ -257,3 +257,29 @@ def test_no_space_beside_full_width_punctuation_in_outputs(path):
              for line in out.get("text", "").splitlines() for v in _spacing(line)]
     assert not found, f"{path.name}: a space beside full-width punctuation (run scripts/glue_prints.py):\n  " + \
         "\n  ".join(found[:20])
+
+
+_gspec = importlib.util.spec_from_file_location("glue_prints", ROOT / "scripts" / "glue_prints.py")
+gp = importlib.util.module_from_spec(_gspec)
+_gspec.loader.exec_module(gp)
+
+
+@pytest.mark.parametrize("before, after", [
+    ('print("加起来：", total)', 'print(f"加起来：{total}")'),
+    ('print("两个头：", a, b, "；完")', 'print(f"两个头：{a} {b}；完")'),
+    ('print("键：", "，".join(f"{t}" for t in ys))', 'print("键：", "，".join(f"{t}" for t in ys), sep="")'),
+    ('print("形状", a, "：", b)', 'print(f"形状 {a}：{b}")'),
+    ('print("键", "，".join(ys), "：完")', 'print("键 ", "，".join(ys), "：完", sep="")'),
+    ('print("shape", a)', 'print("shape", a)'),
+    ('print("加起来：", total, sep="")', 'print("加起来：", total, sep="")'),
+])
+def test_glue_prints_rewrites(before, after, capsys):
+    """The rewritten call prints the same text, less the spaces beside full-width punctuation."""
+    new, _ = gp.rewrite_source(before)
+    assert new == after
+    env = {"total": 1, "a": 2, "b": 3, "ys": ["水", "书"]}
+    exec(before, dict(env))  # noqa: S102
+    old_out = capsys.readouterr().out
+    exec(new, dict(env))  # noqa: S102
+    new_out = capsys.readouterr().out
+    assert new_out == re.sub(r"(?<=[：；，。！？、]) | (?=[：；，。！？、）」])", "", old_out)
