@@ -14,7 +14,7 @@ register(Exercise(
 
 register(Exercise(
     id="02-2",
-    question="把「它」的查询换成 [0, 1, 0, 1]，它和 水、书、打翻 三个键的点积依次是多少？（一个长度为 3 的列表）",
+    question="把「它」的查询换成 [0, 1, 0, 1]，它和「水」「书」「打翻」三个键的点积依次是多少？（一个长度为 3 的列表）",
     answer=[3.0, 3.0, 1.0],  # 水 1 + 2、书 2 + 1、打翻 0 + 1（只有第 2、4 位起作用）
     hint="用 attn_lib.dot_query_keys(q, K)，K 是 worked_example.key_matrix() 堆成的 (3, 4) 矩阵。",
     wrong_example=list(we.SOURCE_PRINTED["dots"]),
