@@ -75,10 +75,10 @@ register_code(CodeExercise(
         Probe("元素较大的输入（q、k 乘 30）", lambda g: _qkv(g, 1, 2, 5, 7, 16, 3, spread=30.0)),
     ),
     mistakes=(
-        Mistake("scale", lambda q, k, v: _attend(q, k, v, 1.0), "评分没有缩放：点积要先除以 √d（d 是查询、键的长度）。"),
+        Mistake("scale", lambda q, k, v: _attend(q, k, v, 1.0), "评分没有缩放：点积要先除以 √d（d 是查询、键的维度）。"),
         Mistake("scale", lambda q, k, v: _attend(q, k, v, 1 / q.shape[-1]), "缩放因子不对：应除以 √d，不是 d。"),
         Mistake("scale", lambda q, k, v: _attend(q, k, v, v.shape[-1] ** -0.5),
-                "缩放用了值向量的长度：√d 里的 d 是查询、键的长度。"),
+                "缩放用了值向量的维度：√d 里的 d 是查询、键的维度。"),
         Mistake("axis", lambda q, k, v: _attend(q, k, v, q.shape[-1] ** -0.5, dim=-2),
                 "Softmax 做在了查询的轴上：应沿键的轴（最后一个轴），让每个查询的比例加起来等于 1。"),
     ),
