@@ -24,8 +24,12 @@ itself and the W - 1 before it. Sources of the convention:
   block with index greater than i - window_size and less than or equal to i"), and a decode step
   attends over ``(cached + new).clamp(max=sliding_window)`` keys, its own included;
 - Hugging Face transformers: its eager mask with ``sliding_window=2048`` lets each query see at
-  most 2048 keys (huggingface/transformers#29623); Timothée Lacroix (Mistral) in
-  huggingface/transformers#26464: "window_size_left = config.sliding_window-1" for flash-attn.
+  most 2048 keys (huggingface/transformers#29623). The same issue reports that its
+  FlashAttention-2 path disagreed, one key more: it passed ``window_size=(sliding_window,
+  sliding_window)``; reported again in huggingface/transformers#39408 and fixed by
+  huggingface/transformers#40163 (August 2025). Earlier, Timothée Lacroix (Mistral) suggested
+  in a comment on huggingface/transformers#26464: "params are window_size_left =
+  config.sliding_window-1 // window_size_right = -1 I believe ?".
 
 The paper (Jiang et al., "Mistral 7B", arXiv:2310.06825, section 2) says a hidden state at
 position i attends to positions "between i − W and i", and counts the receptive field of k
