@@ -30,8 +30,8 @@ register(Exercise(
     id="13-3",
     question="缓存切成两段。第 1 段的部分输出是 o₁ = 2（值只有 1 维），lse₁ = ln 1 = 0；第 2 段 o₂ = 5，lse₂ = ln 3。"
              "合并后的输出是多少？",
-    answer=(1 * 2 + 3 * 5) / (1 + 3),  # weights e^lse: 1 and 3
-    hint="每段的权重是 e^(lse_p − m)，m 是最大的 lse；输出 = Σ 权重·o_p ÷ Σ 权重。",
+    answer=(1 * 2 + 3 * 5) / (1 + 3),  # merge coefficients e^lse: 1 and 3
+    hint="每段的合并系数是 e^(lse_p − m)，m 是最大的 lse；输出 = Σ 合并系数·o_p ÷ Σ 合并系数。",
     atol=1e-9,
     wrong_example=(2 + 5) / 2,  # the plain mean of the two partial outputs
 ))
@@ -48,8 +48,8 @@ register(Exercise(
 
 
 # ---------------------------------------------------------------- 13-5: write the code yourself
-# The key is torch itself: the weights of the partials are softmax(lses) over the split axis
-# (the log-sum-exp merge); an empty split has lse = -inf and gets weight 0.
+# The key is torch itself: the merge coefficients of the partials are softmax(lses) over the split axis
+# (the log-sum-exp merge); an empty split has lse = -inf and gets coefficient 0.
 
 import torch  # noqa: E402  (code exercises: the answer key is torch itself)
 
@@ -67,7 +67,7 @@ def _mean(outs, lses):
 
 def _no_divide(outs, lses):
     w = torch.exp(lses - lses.max(dim=-1, keepdim=True).values)  # (..., P)
-    return (w.unsqueeze(-1) * outs).sum(dim=-2)  # the sum of the weights never divided out
+    return (w.unsqueeze(-1) * outs).sum(dim=-2)  # the sum of the coefficients never divided out
 
 
 def _unshifted(outs, lses):
@@ -94,8 +94,8 @@ register_code(CodeExercise(
         Probe("lse 都在 1000 左右（e^lse 会溢出）", lambda g: _partials(g, (2, 2), 5, 3, offset=1000.0)),
     ),
     mistakes=(
-        Mistake("mean", _mean, "直接平均了各段的输出：每段要按它的 e^lse 加权（分到的注意力越多，权重越大）。"),
-        Mistake("no_divide", _no_divide, "加权和没有除以权重之和：各段的输出已在段内归一化，合并时要重新归一化。"),
+        Mistake("mean", _mean, "直接平均了各段的输出：每段要按它的 e^lse 加权（分到的注意力越多，合并系数越大）。"),
+        Mistake("no_divide", _no_divide, "加权和没有除以合并系数之和：各段的输出已在段内归一化，合并时要重新归一化。"),
     ),
     wrong_solutions=((_mean, "mean"), (_no_divide, "no_divide"), (_unshifted, "nan")),
     extra={"nan_hint": "lse 很大时 e^lse 溢出：先减去最大的 lse 再取指数（和第 03 章的稳定 Softmax 一样）。"},

@@ -46,7 +46,8 @@ def choose_num_splits(batch_heads: int, S: int, *, workers: int | None = None, b
     dwarf that. Never more splits than key blocks: a split is whole blocks, an empty one is
     work for nothing. On a CPU the torch path runs the splits one after another and each
     product uses every thread, so ``workers`` is the thread count: B·H_kv >= threads gives one
-    split, one pass over the cache.
+    split, one pass over the cache; fewer pairs than threads still split (B·H_kv = 1, e.g. MQA
+    with B = 1, on 2 threads: 2 splits).
 
     Args:
         batch_heads: B·H_kv, the (batch entry, key/value head) pairs (a GQA group is one pair).
@@ -89,7 +90,7 @@ def merge_partials(outs, lses):
 
     The log-sum-exp rule: ``m = max_p lse_p``, ``w_p = exp(lse_p - m)``,
     ``out = Σ_p w_p o_p / Σ_p w_p``, ``lse = m + log Σ_p w_p``. A split that saw no key has
-    ``lse_p = -inf`` (weight 0); where every split saw none, out is 0 and lse is -inf.
+    ``lse_p = -inf`` (merge coefficient w_p = 0); where every split saw none, out is 0 and lse is -inf.
     Computed in float32 for float16 / bfloat16 (float64 stays float64); differentiable.
 
     Args:
