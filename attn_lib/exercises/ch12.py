@@ -81,7 +81,7 @@ register_code(CodeExercise(
                 "（repeat_interleave）；k.repeat(...) 把键值头整体重复，第 h 个头拿到的是第 h % H_kv 个。"),
         Mistake("no_scale", lambda q, k, v: _gqa(q, k, v, scale=""), "点积没有除以 √D（D 是头的维度）。"),
         Mistake("scale_dv", lambda q, k, v: _gqa(q, k, v, scale="Dv"),
-                "缩放因子不对：除的是 √D，D 是查询、键的长度，不是值的长度 Dv。"),
+                "缩放因子不对：除的是 √D，D 是查询、键的维度，不是值的维度 Dv。"),
         Mistake("first_kv_only", _first_kv_only, "所有查询头都用了第 0 个键值头：每一组查询头有自己的键值头。"),
     ),
     wrong_solutions=((lambda q, k, v: _gqa(q, k, v, tile=True), "tile"),

@@ -32,8 +32,7 @@ def _segmented(ax, x, y, w, h, colors, text="", *, fontsize=10):
     for n, c in enumerate(colors):
         _box(ax, (x + n * seg, y, seg, h), color=c)
     if text:
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, color="white",
-                fontweight="bold")
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize, color="white")
 
 
 def _arrow(ax, start, end, text="", *, fontsize=9, text_offset=0.25, color="black"):
@@ -105,7 +104,7 @@ def draw_recompute():
     with book_style():
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(FIG_WIDTH_IN, 5.6))
         for ax, title in ((top, "朴素实现：前向存下整张比例表 P，反向直接读它"),
-                          (bottom, "FlashAttention：只存每个查询一个 lse，反向时一块一块重算 P")):
+                          (bottom, "FlashAttention：除 Q、K、V、O 外只多存每个查询一个 lse，反向一块一块重算 P")):
             ax.set_axis_off()
             ax.set_xlim(0, 11)
             ax.set_ylim(0, 4.2)
