@@ -7,13 +7,16 @@ from ..core import worked_example as we
 from . import Exercise, register
 
 
+_EXP = [math.exp(x) for x in we.SOURCE_PRINTED["scaled"]]  # e^3.0, e^0.6, e^2.4
+_W4 = [round(e / sum(_EXP), 4) for e in _EXP[:2]]  # unmasked shares of 水 and 书, rounded to 4 places
+
 register(Exercise(
     id="06-1",
     question="主走查里把「打翻」盖住以后，「它」分给「水」的注意力分数精确到 4 位小数是多少？",
     answer=round(1 / (1 + math.exp(0.6 - 3.0)), 4),  # e^3.0 ÷ (e^3.0 + e^0.6) = 0.9168
     hint="评分 3.0 / 0.6 / -inf 做 Softmax：e^3.0 ÷ (e^3.0 + e^0.6)。原章的 0.92 是四舍五入到两位的结果。",
-    atol=5e-4,
-    wrong_example=we.SOURCE_PRINTED["masked_weights"][0],
+    atol=5e-5,  # 0.9168 (exactly 0.916827) passes; 0.9169, from rounding before dividing, does not
+    wrong_example=round(_W4[0] / sum(_W4), 4),  # 0.9169: 0.6099 / (0.6099 + 0.0553)
 ))
 
 register(Exercise(

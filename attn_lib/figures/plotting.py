@@ -90,7 +90,7 @@ def to_numpy(x: Any) -> np.ndarray:
 
 def _format_cell(value: float, fmt: str) -> str:
     if np.isneginf(value):
-        return "-∞"
+        return "−∞"  # U+2212, the minus sign that $-\infty$ shows in the prose
     if np.isposinf(value):
         return "+∞"
     return fmt.format(value)
@@ -135,7 +135,7 @@ def show_heatmap(
 
     Args:
         matrix: 2-D array (L, S): rows are queries, columns are keys (numpy or torch).
-            ``-inf`` cells (masked logits) are drawn grey and labelled ``-∞``.
+            ``-inf`` cells (masked logits) are drawn grey and labelled ``−∞`` (a true minus sign, U+2212).
         row_labels, col_labels: tick labels (e.g. tokens), lengths L and S.
         title, xlabel, ylabel: text (Chinese renders, see ``setup_chinese_font``).
         ax: a matplotlib Axes to draw into; a new figure when None.

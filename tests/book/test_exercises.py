@@ -31,6 +31,15 @@ def test_reference_answer_passes_and_wrong_fails(ex_id, capsys):
     assert out[0].endswith("正确！") and "提示" in out[1] and "还没有作答" in out[2]
 
 
+
+def test_a_four_place_answer_is_held_to_four_places():
+    """06-1 asks for 4 decimal places: the answer written to 4 places (or more) passes; the slip the
+    folded answer explains (rounding the shares first gives 0.9169) and the source's 0.92 do not."""
+    ex = EXERCISES["06-1"]
+    assert ex.is_correct(0.9168) and ex.is_correct(0.916827)
+    assert not ex.is_correct(0.9169) and not ex.is_correct(0.9167) and not ex.is_correct(0.92)
+    assert ex.wrong_example == 0.9169
+
 def test_answer_keys_do_not_use_the_library_under_test():
     """An answer key is a literal or an independent computation: a library bug must not become the key."""
     import ast

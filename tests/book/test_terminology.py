@@ -2,7 +2,8 @@
 a mask added) and 「注意力分数」 after it (the proportions, plainly 「比例」). A bare 「分数」 would read as
 either, so it appears only inside 「注意力分数」 (「部分数据」 is not the word).
 
-Read: the intro, the glossary, the README, every cell's source and committed text output of every
+Read: the intro, the glossary, the README, every cell's source, committed text output and the
+strings of its ``mystnb`` metadata (a figure's alt text, read aloud to screen-reader users) of every
 chapter, and the .py files of attn_lib, bench and scripts (strings, comments and docstrings alike:
 the library's messages and figure labels reach the reader).
 """
@@ -21,10 +22,22 @@ def _bare(text: str) -> list[str]:
     return [text[max(0, m.start() - 12):m.end() + 12].replace("\n", " ") for m in BARE.finditer(text)]
 
 
+def _strings(value) -> list[str]:
+    """Every string inside a metadata value (dicts and lists walked)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 def _notebook_text(path) -> str:
     nb = read_notebook(path)
     parts = [c.source for c in nb.cells]
     parts += [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    parts += [s for c in nb.cells for s in _strings(c.get("metadata", {}).get("mystnb", {}))]
     return "\n".join(parts)
 
 
@@ -36,6 +49,8 @@ FILES = [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
 def test_the_rule_sees_what_it_should():
     assert _bare("一行分数") and _bare("分数矩阵") and not _bare("注意力分数") and not _bare("那部分数据")
     assert len(FILES) > 50 and NOTEBOOKS
+    alt = {"mystnb": {"image": {"alt": "柱状图：每个词分到的分数"}}}
+    assert _strings(alt) == ["柱状图：每个词分到的分数"] and _bare(_strings(alt)[0])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

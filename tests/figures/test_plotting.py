@@ -80,7 +80,7 @@ def test_plots_label_their_cells():
     ax = plotting.show_heatmap(torch.tensor([[0.61, 0.06, float("-inf")]]), row_labels=["它"],
                                col_labels=list(we.KEY_TOKENS), title="注意力分数")
     texts = [t.get_text() for t in ax.texts]
-    assert texts == ["0.61", "0.06", "-∞"]
+    assert texts == ["0.61", "0.06", "\u2212∞"]  # a true minus sign, as $-\infty$ in the prose
     assert [t.get_text() for t in ax.get_xticklabels()] == ["水", "书", "打翻"]
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("键", "查询")  # one name per term, as in the glossary
     fig = plotting.show_heatmaps(torch.rand(3, 2, 2), titles=["头 1", "头 2", "头 3"], ncols=2)
