@@ -21,7 +21,7 @@ from book_helpers import NOTEBOOKS, ROOT, read_notebook
 ROLE = re.compile(r"\{term\}`([^`]*)`")
 NOT_PROSE = re.compile(r"```.*?```|~~~.*?~~~|\$\$.*?\$\$|^[ \t]*#[^\n]*$", re.S | re.M)  # fences, display math, headings
 NOT_PROSE_INLINE = re.compile(r"\{(?!term\})[\w-]+\}`[^`]*`|`[^`]*`|\$[^$\n]*\$|\]\([^)]*\)")
-NOT_YET = {"01", "02", "03", "04", "07", "08", "09", "10", "11", "12", "13"}
+NOT_YET = {"02", "03", "04", "07", "08", "09", "10", "11", "12", "13"}
 
 
 def glossary_terms() -> list[str]:
