@@ -2,8 +2,8 @@
 a mask added) and 「注意力分数」 after it (the proportions, plainly 「比例」). A bare 「分数」 would read as
 either, so it appears only inside 「注意力分数」 (「部分数据」 is not the word).
 
-Read: the intro, the glossary, the README, every cell's source and committed text output of every
-chapter, and the .py files of attn_lib, bench and scripts (strings, comments and docstrings alike:
+Read: the intro, the glossary, the README, every cell's source, committed text output and figure alt
+text / caption (cell metadata) of every chapter, and the .py files of attn_lib, bench and scripts (strings, comments and docstrings alike:
 the library's messages and figure labels reach the reader).
 """
 from __future__ import annotations
@@ -25,7 +25,14 @@ def _notebook_text(path) -> str:
     nb = read_notebook(path)
     parts = [c.source for c in nb.cells]
     parts += [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    parts += [_figure_text(c.get("metadata", {})) for c in nb.cells]
     return "\n".join(parts)
+
+
+def _figure_text(metadata) -> str:
+    """A cell's figure alt text and caption (metadata mystnb.image / mystnb.figure): the site shows them."""
+    mystnb = metadata.get("mystnb", {})
+    return "\n".join(str(v) for key in ("image", "figure") for v in mystnb.get(key, {}).values())
 
 
 FILES = [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
@@ -35,6 +42,7 @@ FILES = [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
 
 def test_the_rule_sees_what_it_should():
     assert _bare("一行分数") and _bare("分数矩阵") and not _bare("注意力分数") and not _bare("那部分数据")
+    assert _bare(_figure_text({"mystnb": {"image": {"alt": "柱状图：每个键的分数"}}}))
     assert len(FILES) > 50 and NOTEBOOKS
 
 
