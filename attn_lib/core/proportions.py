@@ -53,7 +53,8 @@ def mean_output_norm(
     """测量：一个随机查询对 L 个随机键、值做加权求和，输出向量长度（范数）的平均值。
 
     Queries and keys have independent N(0, 1) entries, the scores are q·k/√d; the values
-    have entries ``value_mean + N(0, 1)`` (a shared non-zero part, as real features have).
+    have entries ``value_mean + N(0, 1)`` (a shared non-zero part: a setting of this
+    experiment, not a claim about real features).
     With the same ``seed`` every weighting sees the very same vectors.
 
     Args:

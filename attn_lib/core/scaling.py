@@ -26,7 +26,7 @@ def _generator(generator: torch.Generator | None, seed: int) -> torch.Generator:
 
 
 def random_unit_variance(shape, *, generator: torch.Generator | None = None, seed: int = 0) -> torch.Tensor:
-    """造一组随机向量：每个分量独立，均值 0、方差 1(float64,CPU)。
+    """造一组随机向量：每个分量独立，均值 0、方差 1（float64，CPU）。
 
     Args:
         shape: the tensor shape, e.g. (N, d).
@@ -63,7 +63,7 @@ def score_std(d: int, *, n_samples: int = 4000, generator: torch.Generator | Non
 
 
 def softmax_jacobian(p: torch.Tensor) -> torch.Tensor:
-    """Softmax 对输入的雅可比矩阵：J = diag(p) − p pᵀ,J[i, j] = ∂p_i / ∂x_j。
+    """Softmax 对输入的雅可比矩阵：J = diag(p) − p pᵀ，J[i, j] = ∂p_i / ∂x_j。
 
     Args:
         p: proportions (the softmax output), shape (..., S).

@@ -3,7 +3,9 @@
 Nor, in a line with Chinese, a half-width , ; : between a digit, a Latin word, code or math
 and the next one with no space (「709.78,float32」, 「< 1e-12:True」) or at the end of the line
 (「加起来等于 1:」); digit groups and ratios (262,144, 16:9), tuples written without spaces
-((B,H,L,D)) and arXiv:NNNN identifiers are notation and stay.
+((B,H,L,D)) and arXiv:NNNN identifiers are notation and stay. Math symbols count as Latin here
+(「p pᵀ,J[i, j]」, 「d = 4,√d = 2」), and a bracket holding a word of four or more letters is prose,
+not notation (「方差 1(float64,CPU)」).
 
 Checked: every Markdown file of the book and every markdown cell (outside code spans, code
 blocks, math, URLs and MyST syntax); the Chinese string literals and comments of notebook code cells
@@ -31,8 +33,11 @@ HAN = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 BAD = re.compile(rf"[{HAN}][,:;?!()]|[,:;?!()][{HAN}]")
 # In a Chinese line: a half-width , ; : glued between two Latin/digit/code tokens, or ending the line.
 # (\ue000-\uf8ff are the placeholders that stand for code spans and math.)
-LATIN_BAD = re.compile(r"(?<=[A-Za-z0-9)\]%*\ue000-\uf8ff])[,;:](?=[A-Za-z0-9(\[<（\ue000-\uf8ff]|[ \t]*$)")
+# (\u00b2-\u22ff ranges: superscripts ² ³ ¹ ᵀ ⁿ and the math operators √ ∂ ∑ …)
+SYM = "\u00b2\u00b3\u00b9\u1d00-\u1dbf\u2070-\u209f\u2200-\u22ff"
+LATIN_BAD = re.compile(rf"(?<=[A-Za-z0-9)\]%*\ue000-\uf8ff{SYM}])[,;:](?=[A-Za-z0-9(\[<（\ue000-\uf8ff{SYM}]|[ \t]*$)")
 NOTATION = re.compile(rf"\([^()\s{HAN}]*\)|\[[^\[\]\s{HAN}]*\]")
+WORD = re.compile(r"[A-Za-z]{4,}")  # a bracket with such a word in it is prose: (float64,CPU)
 
 MARKDOWN_FILES = [p for p in [ROOT / "intro.md", ROOT / "glossary.md", ROOT / "README.md",
                               *sorted((ROOT / "chapters").glob("*.md"))] if p.exists()]
@@ -42,7 +47,7 @@ PY_FILES = sorted((ROOT / "attn_lib").rglob("*.py")) + sorted((ROOT / "scripts")
 def _latin_violations(line: str) -> list[str]:
     if not re.search(f"[{HAN}]", line):
         return []
-    kept = [m.span() for m in NOTATION.finditer(line)]
+    kept = [m.span() for m in NOTATION.finditer(line) if not WORD.search(m.group())]
     out = []
     for m in LATIN_BAD.finditer(line):
         i = m.start()
@@ -197,6 +202,16 @@ def test_latin_case_printed_lines(printed):
     assert not _violations(eval(fixed)), fixed
 
 
+@pytest.mark.parametrize("text", [
+    "雅可比矩阵：J = diag(p) − p pᵀ,J[i, j] = ∂p_i / ∂x_j。",
+    "随机向量，均值 0、方差 1(float64,CPU)。",
+    "维度 d = 4,√d = 2，除完之后",
+])
+def test_latin_case_with_math_symbols_and_words_in_brackets(text):
+    """A comma glued to a math symbol, or inside a bracket of words, is prose punctuation: the test sees it."""
+    assert _violations(text), text
+
+
 @pytest.mark.parametrize("notation", [
     "点积一共 262,144 次", "屏幕按 16:9 排", "q 的形状是 (B,H,L,D)，k (1,1,3,4)",
     "见 arXiv:2205.14135 的第 3 节", "英文句子 A, B; C: D 里有空格", "然后打开 127.0.0.1:8000 或 localhost:8000 看",
@@ -232,8 +247,10 @@ def test_fixer_leaves_the_book_unchanged():
 
 # A full-width mark takes a whole character's width: no space after it (「加起来：1」, not 「加起来： 1」) and
 # none before it (「撕破了。；」, not 「撕破了。 ；」), as print's separator would put there. A mark with a
-# space on both sides is a token of a list written with spaces (「包子 ， 弟弟」) and stays; several
-# spaces after a mark are column alignment and stay. scripts/glue_prints.py rewrites the print calls.
+# space on both sides is a token of a list written with spaces (「包子 ， 弟弟」) and stays.
+# scripts/glue_prints.py rewrites the print calls. Padding a label to a column (「评分：     [2. 1.]」,
+# 「softmax ：」) is the same defect: the padding test below; only a run of spaces after a sentence's
+# 。！ separates table columns (「弟弟把它吃光了。   饺子」) and stays.
 SPACE_AFTER = re.compile(r"(?<=\S)[：；，。！？、] (?=\S)")
 SPACE_BEFORE = re.compile(r"(?<=\S) [：；，。！？、）」](?=\S)")
 
@@ -257,6 +274,39 @@ def test_no_space_beside_full_width_punctuation_in_outputs(path):
              for line in out.get("text", "").splitlines() for v in _spacing(line)]
     assert not found, f"{path.name}: a space beside full-width punctuation (run scripts/glue_prints.py):\n  " + \
         "\n  ".join(found[:20])
+
+
+PADDING_AFTER = re.compile(r"(?<=\S)[：；，、？] +(?=\S)")
+PADDING_BEFORE = re.compile(r"(?<=\S) +[：；，。！？、）」](?=\S)")
+# Chapters whose printed labels are still padded to columns; each is an expected failure until its
+# next re-execution fixes them (strict: the mark must go when the chapter passes).
+PADDING_PENDING = {"02_dot_product", "06_causal_mask", "08_flash_attention", "09_flash_backward", "13_decoding"}
+
+
+def _padding(line: str) -> list[str]:
+    return [line[max(0, m.start() - 10):m.end() + 10] for p in (PADDING_AFTER, PADDING_BEFORE)
+            for m in p.finditer(line)]
+
+
+@pytest.mark.parametrize("line, bad", [("评分：           [ 2.  1. -1.]", True), ("softmax ：L = 1024", True),
+                                        ("exp     ：L = 1024", True), ("有比例被置 0 吗？       True", True),
+                                        ("带缓存：   桌上", True), ("三个比例加起来：1", False),
+                                        ("弟弟把它吃光了。   饺子   吃光", False), ("课本 跟 包子 ， 弟弟", False),
+                                        ("吃光了。  模型答：饺子", False)])
+def test_the_padding_rule(line, bad):
+    assert bool(_padding(line)) == bad
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
+    p.stem in PADDING_PENDING, reason="printed labels still padded to columns", strict=True)) for p in NOTEBOOKS],
+    ids=lambda p: p.name)
+def test_no_padding_beside_full_width_punctuation_in_outputs(path):
+    nb = read_notebook(path)
+    found = [f"[cell {i}] {v}" for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             for out in cell.get("outputs", []) if out.get("output_type") == "stream"
+             for line in out.get("text", "").splitlines() for v in _padding(line)]
+    assert not found, f"{path.name}: spaces padding a label beside full-width punctuation (end the label with the " \
+        "mark and print the value right after it):\n  " + "\n  ".join(found[:20])
 
 
 _gspec = importlib.util.spec_from_file_location("glue_prints", ROOT / "scripts" / "glue_prints.py")
