@@ -22,7 +22,7 @@ MIN_BLOCKS_PER_SPLIT = 2  # a split reads at least this many blocks (else its pa
 
 
 def device_workers(device) -> int:
-    """这台设备上能同时干活的单元数：CUDA 是 SM 个数，CPU 是 torch 的线程数（choose_num_splits 用）。"""
+    """这台设备上能同时干活的单元数：CUDA 是 SM 个数；CPU 没有 SM，只是类比地取 torch 的线程数（choose_num_splits 用）。"""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).multi_processor_count)
@@ -44,10 +44,12 @@ def choose_num_splits(batch_heads: int, S: int, *, workers: int | None = None, b
     query row) are written and read again by the merge, and the split's program starts and
     reduces on its own; so a split should read at least ``min_blocks`` key blocks, whose bytes
     dwarf that. Never more splits than key blocks: a split is whole blocks, an empty one is
-    work for nothing. On a CPU the torch path runs the splits one after another and each
-    product uses every thread, so ``workers`` is the thread count: B·H_kv >= threads gives one
-    split, one pass over the cache; fewer pairs than threads still split (B·H_kv = 1, e.g. MQA
-    with B = 1, on 2 threads: 2 splits).
+    work for nothing. A CPU has no SMs: there ``workers`` is the thread count only by analogy
+    with the GPU rule, not for a reason of its own. The torch path runs the splits one after
+    another and each product already uses every thread, so on a CPU a split adds no parallelism,
+    only the partial-and-merge work: B·H_kv >= threads gives one split, one pass over the cache;
+    fewer pairs than threads still split (B·H_kv = 1, e.g. MQA with B = 1, on 2 threads: 2
+    splits), at that cost.
 
     Args:
         batch_heads: B·H_kv, the (batch entry, key/value head) pairs (a GQA group is one pair).
