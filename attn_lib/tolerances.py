@@ -6,9 +6,11 @@ one place how close "equal" is for each precision.
 
 - ``TOLERANCES[dtype]``: elementwise ``|a - b| <= atol + rtol * |b|`` against the float64
   reference, for inputs of unit scale (randn).
-- ``FLASH_ERROR_RATIO``: the rule flash-attn's tests use for low precision: the fast path's
-  max error against the float64 reference may be at most this many times the max error of a
-  naive path computed in the same low precision (plus ``FLASH_ERROR_FLOOR`` for ties at 0).
+- ``FLASH_ERROR_RATIO``: a rule borrowed from flash-attn's tests for low precision: the fast
+  path's max error may be at most this many times the max error of a naive path computed in the
+  same low precision. flash-attn measures both errors against a float32 reference (its
+  ``attention_ref(..., upcast=True)``); here the reference is float64, and ``FLASH_ERROR_FLOOR``
+  (this book's addition) is added to the bound so that two errors near 0 are no failure.
 - ``LSE_ATOL[dtype]``: absolute tolerance of a path's log-sum-exp (B, H, L) against the
   float64 one computed from the unrounded float64 inputs (so the 16-bit rows include the
   rounding of q and k to that precision).
@@ -140,7 +142,7 @@ def assert_close(actual: Any, expected: Any, *, dtype: Any = None, what: str = "
 
 def assert_flash_rule(fast: Any, naive_same_precision: Any, reference: Any, *, what: str = "output",
                       kind: str = "output") -> None:
-    """flash-attn 的规则：快速路径的误差不超过同精度朴素实现误差的 FLASH_ERROR_RATIO 倍（梯度再加上存成这种精度时的一次舍入）。
+    """借自 flash-attn 测试的规则：快速路径的误差不超过同精度朴素实现误差的 FLASH_ERROR_RATIO 倍（梯度再加上存成这种精度时的一次舍入）。
 
     Args:
         fast: the fast path's output (or gradient) in low precision.

@@ -25,6 +25,7 @@ class Exercise:
     hint: str
     atol: float = 1e-6
     wrong_example: Any = None  # a plausible wrong answer, used by the tests
+    more_wrong: tuple[Any, ...] = ()  # further wrong answers the checker must refuse (the tests check them)
     normalize: Callable[[Any], Any] | None = field(default=None, compare=False)
 
     def is_correct(self, value: Any) -> bool:

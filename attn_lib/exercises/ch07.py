@@ -7,11 +7,11 @@ from ..core import worked_example as we
 from . import Exercise, register
 
 
-def _head2_weight_on_overturn() -> float:
+def _head2_weight_on_overturn(divisor: float = math.sqrt(2)) -> float:
     # Independent of attn_lib: head 2 sees the last two numbers of each vector (the source's values).
     q = (1.0, 0.0)  # 它
     keys = [(3.0, 2.0), (0.6, 1.0), (2.8, 1.0)]  # 水、书、打翻
-    scaled = [(q[0] * k[0] + q[1] * k[1]) / math.sqrt(2) for k in keys]
+    scaled = [(q[0] * k[0] + q[1] * k[1]) / divisor for k in keys]
     exps = [math.exp(x) for x in scaled]
     return round(exps[2] / sum(exps), 4)
 
@@ -36,9 +36,10 @@ register(Exercise(
     id="07-3",
     question="主走查的第 2 个头（只看后两位）里，「它」分给「打翻」的注意力分数精确到 4 位小数是多少？",
     answer=_head2_weight_on_overturn(),
-    hint="第 2 个头的点积是 3.0 / 0.6 / 2.8，除以 √2（不是 1.41，也不是 2），再做 Softmax。",
-    atol=5e-4,
+    hint="第 2 个头的点积是 3.0 / 0.6 / 2.8，除以 √2（不是 1.41，也不是 2），再做 Softmax，保留 4 位小数。",
+    atol=5e-5,  # the 4th decimal counts: ÷1.41 gives 0.4233
     wrong_example=we.SOURCE_PRINTED["head_weights"][1][2],
+    more_wrong=(_head2_weight_on_overturn(1.41), _head2_weight_on_overturn(2.0), 0.4236),
 ))
 
 

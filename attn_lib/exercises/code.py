@@ -69,7 +69,7 @@ CODE_REGISTRY: dict[str, CodeExercise] = {}
 
 MESSAGES = {
     "todo": "还没有写。把上一格的函数 {name} 写完（删掉 raise NotImplementedError），再运行这一格。",
-    "error": "函数在{label}上报错（{err}）。",
+    "error": "{label}：函数报错（{err}）。",
     "type": "{label}：应返回一个张量，得到的是 {found}。",
     "dtype": "{label}：返回的数据类型应为 {want}，得到 {found}。",
     "shape": "{label}：形状不对，应为 {want}，得到 {found}。",

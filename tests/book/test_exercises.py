@@ -23,6 +23,8 @@ def test_reference_answer_passes_and_wrong_fails(ex_id, capsys):
     assert ex.is_correct(ex.answer)
     assert ex.wrong_example is not None, f"{ex_id} needs a wrong_example"
     assert not ex.is_correct(ex.wrong_example)
+    for wrong in ex.more_wrong:
+        assert not ex.is_correct(wrong), f"{ex_id} accepts the wrong answer {wrong!r}"
     assert not ex.is_correct(None)
     check(ex_id, ex.answer)
     check(ex_id, ex.wrong_example)
