@@ -18,6 +18,11 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_poll import use_sliced_polling  # noqa: E402
+
+use_sliced_polling()
+
 KERNEL_METADATA = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 

@@ -15,6 +15,13 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
+# The notebooks this process runs itself (tests/figure_record.py, tests/book/test_colab_sim.py) wait
+# for kernel replies in short slices: scripts/kernel_poll.py says why (a lost cell timeout per run).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from kernel_poll import use_sliced_polling  # noqa: E402
+
+use_sliced_polling()
+
 
 @pytest.fixture
 def rng():
