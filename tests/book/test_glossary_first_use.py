@@ -1,6 +1,6 @@
 """A chapter links its first use of a glossary term: glossary.md says 「各章第一次出现某个术语时会链接到这里」.
 
-Read from the notebooks' markdown (no site needed; tests/book/test_links.py checks on the built site
+Read from the notebooks' markdown and from intro.md (no site needed; tests/book/test_links.py checks on the built site
 that each chapter links the glossary at all). A use is the term's name in prose: headings, code
 (fenced and inline), math, links (text and target: a link's text already links somewhere) and other roles are
 not prose. A use inside a longer term
@@ -83,3 +83,9 @@ def test_first_use_of_a_term_is_linked(path):
     nb = read_notebook(path)
     bad = unlinked_first_uses([c.source if c.cell_type == "markdown" else "" for c in nb.cells], terms)
     assert bad == [], f"{path.name}: first use not linked to the glossary (write {{term}}`…`): {bad}"
+
+
+def test_first_use_of_a_term_in_the_introduction_is_linked():
+    terms = [t for t in glossary_terms() if len(t) > 1]
+    bad = unlinked_first_uses([(ROOT / "intro.md").read_text(encoding="utf-8")], terms)
+    assert bad == [], f"intro.md: first use not linked to the glossary (write {{term}}`…`): {bad}"
