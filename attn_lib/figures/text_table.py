@@ -1,4 +1,4 @@
-"""全书共用（第 2–4、7、10–13 章印表）：纯文本表格，一个汉字按两列宽对齐。
+"""全书共用（第 2–4、7、8、10–13 章印表）：纯文本表格，一个汉字按两列宽对齐。
 
 ``print(text_table(header, rows))`` prints a right-aligned table whose columns line up in a
 terminal or a notebook's output, where a Han character (and any East Asian wide or
