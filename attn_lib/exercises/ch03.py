@@ -24,9 +24,9 @@ register(Exercise(
 
 register(Exercise(
     id="03-2",
-    question="softmax([0, 0, -inf, 0]) 是哪四个比例？",
+    question="softmax([0, 0, -inf, 0]) 是哪四个比例？（精确到 0.001，也可以写成 1/3）",
     answer=[1 / 3, 1 / 3, 0.0, 1 / 3],
-    hint="-inf 那一位的比例是 0，剩下三位评分相等，平分全部比例。",
+    hint="-inf 那一位的比例是 0，剩下三位评分相等，平分全部比例；每一位要精确到 0.001（0.33 不够，写 0.333 或 1/3）。",
     atol=1e-3,
     wrong_example=[0.25, 0.25, 0.25, 0.25],
 ))

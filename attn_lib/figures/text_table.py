@@ -1,4 +1,4 @@
-"""全书共用（第 2–4、7、8、10–13 章印表）：纯文本表格，一个汉字按两列宽对齐。
+"""全书共用（第 2–4、7–13 章印表）：纯文本表格，一个汉字按两列宽对齐。
 
 ``print(text_table(header, rows))`` prints a right-aligned table whose columns line up in a
 terminal or a notebook's output, where a Han character (and any East Asian wide or
@@ -13,6 +13,12 @@ from typing import Sequence
 def display_width(text: str) -> int:
     """字符串在等宽字体里占几列：东亚宽字符（汉字、全角标点）算 2 列，其余算 1 列。"""
     return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in str(text))
+
+
+def pad_right(text, width: int) -> str:
+    """在右边补空格，让文字在等宽字体里占 width 列（汉字算两列）；已经够宽就原样返回。"""
+    text = str(text)
+    return text + " " * max(0, width - display_width(text))
 
 
 def text_table(header: Sequence, rows: Sequence[Sequence], *, sep: str = "   ", align: str = "right") -> str:
@@ -36,10 +42,11 @@ def text_table(header: Sequence, rows: Sequence[Sequence], *, sep: str = "   ", 
     cols = [max(display_width(r[i]) for r in table) for i in range(len(table[0]))]
 
     def pad(cell: str, width: int) -> str:
-        fill = " " * (width - display_width(cell))
-        return fill + cell if align == "right" else cell + fill
+        if align == "left":
+            return pad_right(cell, width)
+        return " " * (width - display_width(cell)) + cell
 
     return "\n".join(sep.join(pad(c, w) for c, w in zip(r, cols)).rstrip() for r in table)
 
 
-__all__ = ["display_width", "text_table"]
+__all__ = ["display_width", "pad_right", "text_table"]

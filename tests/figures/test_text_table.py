@@ -1,7 +1,7 @@
 """attn_lib.figures.text_table: columns line up when a Han character takes two columns."""
 import pytest
 
-from attn_lib.figures.text_table import display_width, text_table
+from attn_lib.figures.text_table import display_width, pad_right, text_table
 
 
 def test_display_width_counts_han_as_two():
@@ -23,3 +23,10 @@ def test_left_alignment_and_bad_rows():
         text_table(["a", "b"], [["x"]])
     with pytest.raises(ValueError, match="align must be"):
         text_table(["a"], [], align="center")
+
+
+def test_pad_right_pads_by_display_width():
+    assert pad_right("水", 4) == "水  "
+    assert pad_right("打翻", 4) == "打翻"
+    assert pad_right("abc", 4) == "abc "
+    assert pad_right("打翻了", 4) == "打翻了"  # already wider: unchanged
