@@ -112,8 +112,8 @@ def draw_recompute():
             _box(ax, (0.1, 1.2, 1.6, 1.6), "前向", color="#DDE8F5", fontsize=10)
             _arrow(ax, (1.8, 2.0), (2.7, 2.0), "存下")
             _box(ax, (9.3, 1.2, 1.6, 1.6), "反向", color="#F5E1D9", fontsize=10)
-        for n, name in enumerate(("Q", "K", "V", "O")):  # stored in both: linear in L
-            for ax in (top, bottom):
+        for n, name in enumerate(("Q", "K", "V", "O")):  # linear in L; autograd's naive path keeps no O
+            for ax in ((top, bottom) if name != "O" else (bottom,)):
                 _box(ax, (2.8 + 0.55 * n, 0.5, 0.45, 3.0), name, fontsize=9)
         _box(top, (5.2, 0.3, 3.4, 3.4), "P：L × S\n（随长度平方增长）", color="#F2B8B5", fontsize=10)
         _arrow(top, (8.7, 2.0), (9.25, 2.0))
