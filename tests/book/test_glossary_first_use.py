@@ -7,9 +7,6 @@ not prose. A use inside a longer term
 (「掩码」 in 「因果掩码」) is a use of the longer one. A ``{term}`shown <name>``` role is a link to
 ``name``. One-character names (「值」「键」「类」「批」「秩」) are left out: they occur inside ordinary
 words (「数值」「一批」), so a machine cannot tell a use from a coincidence.
-
-The chapters listed in ``NOT_YET`` were written before this test and still have unlinked first uses;
-they are expected to fail (strictly: once one is fixed, take it off the list).
 """
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ from book_helpers import NOTEBOOKS, ROOT, read_notebook
 ROLE = re.compile(r"\{term\}`([^`]*)`")
 NOT_PROSE = re.compile(r"```.*?```|~~~.*?~~~|\$\$.*?\$\$|^[ \t]*#[^\n]*$", re.S | re.M)  # fences, display math, headings
 NOT_PROSE_INLINE = re.compile(r"\{(?!term\})[\w-]+\}`[^`]*`|`[^`]*`|\$[^$\n]*\$|!?\[[^\]\n]*\]\([^)\n]*\)|\]\([^)]*\)")
-NOT_YET: set[str] = set()
 
 
 def glossary_terms() -> list[str]:
@@ -75,9 +71,7 @@ def test_the_rule_sees_what_it_should():
     assert len(glossary_terms()) > 50 and "评分" in glossary_terms() and "KV 缓存" in glossary_terms()
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="first uses not yet linked"))
-    if p.name[:2] in NOT_YET else p for p in NOTEBOOKS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_first_use_of_a_term_is_linked(path):
     terms = [t for t in glossary_terms() if len(t) > 1]
     nb = read_notebook(path)

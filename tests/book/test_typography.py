@@ -280,9 +280,6 @@ PADDING_AFTER = re.compile(r"(?<=\S)[：；，、？] +(?=\S)")
 PADDING_BEFORE = re.compile(r"(?<=\S) +[：；，。！？、）」](?=\S)")
 # Chapters whose printed labels are still padded to columns; each is an expected failure until its
 # next re-execution fixes them (strict: the mark must go when the chapter passes).
-PADDING_PENDING: set[str] = set()
-
-
 def _padding(line: str) -> list[str]:
     return [line[max(0, m.start() - 10):m.end() + 10] for p in (PADDING_AFTER, PADDING_BEFORE)
             for m in p.finditer(line)]
@@ -297,9 +294,7 @@ def test_the_padding_rule(line, bad):
     assert bool(_padding(line)) == bad
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
-    p.stem in PADDING_PENDING, reason="printed labels still padded to columns", strict=True)) for p in NOTEBOOKS],
-    ids=lambda p: p.name)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_no_padding_beside_full_width_punctuation_in_outputs(path):
     nb = read_notebook(path)
     found = [f"[cell {i}] {v}" for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
