@@ -62,6 +62,9 @@ def fix(path: Path, terms: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return
     terms = [t for t in glossary_terms() if len(t) > 1]
     for name in argv or sorted(str(p) for p in (ROOT / "chapters").glob("*.ipynb")):
         left = fix(Path(name), terms)
