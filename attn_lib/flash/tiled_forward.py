@@ -17,10 +17,12 @@ fused-attention tutorial so the two read side by side (``attn_lib/flash/triton/f
 
 On CPU one pass over the tile is saved while the scores stay small: the weights only need
 *some* per-row reference c with ``exp2(score - c)`` in range, not the exact maximum (the
-normalisation divides c out again). While every score of a query block lies within ±60
-(base 2) of 0 the reference is 0: ``p = exp2(qk)`` in place, nothing subtracted, nothing
-rescaled. The first tile that leaves that range switches the block to the running maximum
-above (``_tile_weights``); a row with no weight yet then starts from its own maximum. When
+normalisation divides c out again). While the maximum score of every row of a query block
+lies within ±60 (base 2) of 0 the reference is 0: ``p = exp2(qk)`` in place, nothing
+subtracted, nothing rescaled; other scores of a row may lie far below -60 (their weights
+underflow to 0, and the row's maximum keeps its sum away from 0). The first tile in which some
+row's maximum leaves that range switches the block to the running maximum above
+(``_tile_weights``); a row with no weight yet then starts from its own maximum. When
 ``scale·log2(e)·max|q|·max|k| <= 60`` (Cauchy–Schwarz) no score can leave the range, and the
 tiles skip even the row maximum. Weights of up to 2^±60 are only safe while the values they
 multiply keep their products in range: the reference 0 is used only when ``S·2^60·max|v|``
@@ -60,7 +62,7 @@ from .tiles import absent_keys, band_hidden, col_minus_row, group_rows
 
 DEFAULT_BLOCK_M = 512
 DEFAULT_BLOCK_N = 256
-ZERO_REF_RANGE = 60.0  # |score| (base 2) below which exp2(score) needs no shift: 2^±60 and sums of them fit float32
+ZERO_REF_RANGE = 60.0  # |row maximum score| (base 2) below which exp2(score) needs no shift: 2^±60 and sums of them fit float32
 
 
 def default_block_m(H: int, H_kv: int) -> int:
@@ -188,10 +190,10 @@ def _zero_ref_regime(Q, Kt, V, factor, work) -> tuple[bool, bool]:
 def _forward_query_block(Q_i, m0: int, tiles: _Tiles):
     """一块查询 Q_i（G 个头的行交错）对它看得见的每一块键：返回未归一化的 acc_i、参考值 m_i（以 2 为底）和指数和 l_i。
 
-    ``exp2(score - m_i)`` are the weights, with ``m_i`` a per-row reference (base 2). While every
-    score of the query block lies within ``±ZERO_REF_RANGE`` of 0 (and the values allow it) the
-    reference stays 0 and a tile needs no shift at all (``_tile_weights``); otherwise it becomes
-    the running row maximum.
+    ``exp2(score - m_i)`` are the weights, with ``m_i`` a per-row reference (base 2). While the
+    maximum score of every row of the query block lies within ``±ZERO_REF_RANGE`` of 0 (and the
+    values allow it) the reference stays 0 and a tile needs no shift at all (``_tile_weights``);
+    otherwise it becomes the running row maximum.
     """
     BK, G, D = Q_i.shape[0], tiles.group, Q_i.shape[2]
     bm, (S, Dv), band = Q_i.shape[1] // G, (tiles.Kt.shape[2], tiles.V.shape[2]), tiles.band
