@@ -11,7 +11,8 @@ dim D (values Dv), ``bytes_per_value`` bytes a number (2 for fp16 / bf16):
 - bytes: the cache ``B * H_kv * S * (D + Dv)`` numbers, read once per key/value head when the
   query heads of a group share the pass (``kv_read_per="kv_head"``, the grouped layout), or
   once per query head (``kv_read_per="query_head"``: a kernel that walks the cache for every
-  query head, as torch SDPA's CPU kernel does for enable_gqa); plus q read and the output written.
+  query head, as torch SDPA's CPU kernel appears to do for enable_gqa: inferred from timings in
+  chapter 13, not from its C++ source); plus q read and the output written.
 
 The ratio FLOPs / bytes is the step's arithmetic intensity. A GPU's balance point is its peak
 FLOP/s over its memory bandwidth (bytes/s): below it a kernel waits on memory (memory-bound),

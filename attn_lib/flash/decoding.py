@@ -22,8 +22,9 @@ that sees no key gives zeros. Query head h uses key/value head h // (H / H_kv) (
 The torch path (any device, float64-capable) computes each split in the grouped layout: q is
 viewed as (B, H_kv, G·L, D), G = H / H_kv, so one product per split serves a whole group and K
 and V are never repeated: one pass over each key/value head, G·L query rows per product. (SDPA's
-CPU kernel with ``enable_gqa`` works head by head: each of the H query heads makes its own pass
-over its key/value head, one query row per product when L = 1; ``bench/decode.py`` times both.)
+CPU kernel with ``enable_gqa`` appears to work head by head, each of the H query heads making its
+own pass over its key/value head, one query row per product when L = 1: an inference from the
+timings of chapter 13, not read from its C++ source; ``bench/decode.py`` times both.)
 The scores of one split are a single tile of B·H·L rows, so no inner loop over key blocks is
 needed here (a GPU kernel, with its small on-chip memory, loops over key blocks inside its
 split: ``attn_lib/flash/triton/decode.py``). Keys and values after an entry's length are never

@@ -7,7 +7,8 @@
     logits = readout(norm(x))                        (B, L, V)  a score for every next token
 
 Positions come from RoPE inside the attention layers (``RotaryMultiHeadAttention`` of chapter
-10 with ``is_causal=True``), so the model has no length limit. ``forward(ids, kv_caches)`` with
+10 with ``is_causal=True``), so the model has no structural length limit (how well it writes past
+the lengths it was trained on is another matter). ``forward(ids, kv_caches)`` with
 one ``KVCache`` per block computes only the new tokens (``attn_lib.generate``); a forward that
 fails in any block leaves every cache as it was. ``forward`` checks its input once, at its door
 (``attn_lib.checks.lm.check_lm_call``); the blocks below it run unchecked (``Block._run``,
