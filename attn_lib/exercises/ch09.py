@@ -13,14 +13,14 @@ assert abs(_P[0] * (_dP[0] - _D) - (-0.45)) < 1e-12
 register(Exercise(
     id="09-1",
     question="一个查询对三个键的比例是 P = [0.5, 0.3, 0.2]，dP = dO·Vᵀ 的这一行是 [1, 2, 4]。"
-             "第一个键的评分的梯度 dS_1 = P_1·(dP_1 − D) 是多少？（D = Σ_j P_j·dP_j；精确到 0.001）",
+             "第一个键的评分的梯度 dS_1 = P_1·(dP_1 − Δ) 是多少？（Δ = Σ_j P_j·dP_j；精确到 0.001）",
     answer=-0.45,
-    hint="先算 D = 0.5·1 + 0.3·2 + 0.2·4，再算 0.5·(1 − D)。",
+    hint="先算 Δ = 0.5·1 + 0.3·2 + 0.2·4，再算 0.5·(1 − Δ)。",
     atol=1e-3,
-    wrong_example=0.5,  # forgot to subtract D: P_1 · dP_1
+    wrong_example=0.5,  # forgot to subtract Δ: P_1 · dP_1
 ))
 
-# 09-2: D_i from the output and its gradient only.
+# 09-2: Δ_i from the output and its gradient only.
 _O = [1.0, 2.0]
 _dO = [3.0, -1.0]
 assert sum(o * g for o, g in zip(_O, _dO)) == 1.0
@@ -28,7 +28,7 @@ assert sum(o * g for o, g in zip(_O, _dO)) == 1.0
 register(Exercise(
     id="09-2",
     question="某个查询的输出是 O_i = [1, 2]，损失对它的梯度是 dO_i = [3, −1]。"
-             "不看 P，只用这两个向量，D_i = rowsum(dO_i ∘ O_i) 是多少？",
+             "不看 P，只用这两个向量，Δ_i = rowsum(dO_i ∘ O_i) 是多少？",
     answer=1.0,
     hint="逐元素相乘再相加：1·3 + 2·(−1)。",
     atol=1e-9,
@@ -44,7 +44,7 @@ assert _P_bytes // _lse_bytes == 4096
 register(Exercise(
     id="09-3",
     question="B = 1、H = 8、长度 N = 4096、float32。不做重计算时，反向传播要存下比例矩阵 P (B, H, N, N)；"
-             "FlashAttention 只存每个查询的 log-sum-exp (B, H, N)。前者是后者的几倍？",
+             "FlashAttention 不存 P，代替它的是每个查询一个数的 log-sum-exp (B, H, N)。前者是后者的几倍？",
     answer=4096,
     hint="两者都乘了 B·H 和 4 字节；P 每个查询存 N 个数，lse 每个查询存 1 个数。",
     atol=0.0,
