@@ -34,8 +34,8 @@ register(Exercise(
 
 register(Exercise(
     id="11-3",
-    question="不带掩码的自注意力：把「我喜欢你」倒过来排成「你喜欢我」，对所有位置求平均得到的句向量会变吗？（填 True 或 False）",
-    answer=False,  # 不带掩码的自注意力对换序等变：输出只是跟着换序，求平均不看顺序
+    question="不带掩码的自注意力：把「我喜欢你」倒过来排成「你喜欢我」，对所有位置求平均得到的句向量会变吗（在 float64 容差内比较，如 torch.allclose）？（填 True 或 False）",
+    answer=False,  # 不带掩码的自注意力对换序等变：输出只是跟着换序（只差舍入误差），求平均不看顺序
     hint="打乱输入只会把输出按同样的方式打乱；求平均不看顺序。",
     wrong_example=True,
 ))
