@@ -1,7 +1,7 @@
 """The whole-book PDF as a printed book (``make pdf`` -> _build/pdf/book.pdf), read with poppler-utils.
 
 Every 参考答案 printed open (each answer's text is in the PDF); the hidden checker code printed and
-the set-up cells left out (no 「展开被隐藏的部分」 bar); no page ending in an empty code box (pages
+the set-up cells left out (no fold-out bar: neither label of ``_config.yml`` printed); no page ending in an empty code box (pages
 rendered by pdftoppm and scanned for a tall flat grey stretch); no blank page; no figure split
 across two pages (pdfimages); short printed tables on one page; no row of a printed table
 wrapped and nothing wider than the column (the report make_pdf.py writes beside the PDF); no TeX
@@ -57,9 +57,17 @@ def _hidden_cells() -> tuple[list[str], str]:
     return lines, setup
 
 
+def _fold_labels() -> list[str]:
+    """The fold-out bar's two labels, as ``_config.yml`` sets them (nb_code_prompt_show / _hide)."""
+    config = (Path(__file__).resolve().parents[2] / "_config.yml").read_text(encoding="utf-8")
+    labels = re.findall(r"^\s*nb_code_prompt_(?:show|hide):\s*(\S+)\s*$", config, flags=re.M)
+    assert len(labels) == 2, labels
+    return labels
+
+
 def test_hidden_code_is_printed_and_the_set_up_cells_left_out():
     text = "".join(pdf.pages())
-    assert "展开被隐藏的部分" not in text, "a fold-out bar printed"
+    assert not [label for label in _fold_labels() if label in text], "a fold-out bar printed"
     hidden, setup = _hidden_cells()
     assert len(hidden) >= 40, hidden[:3]
     flat = pdf.squash(text)
